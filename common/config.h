@@ -1,0 +1,138 @@
+/*
+ * config.h - idemproxy's settings: one table drives the command line, the
+ * environment, the INI file and --help (see config.c).
+ *
+ * Precedence: flag > environment > config file > default. Every source is
+ * parsed and validated in full, so a bad value is an error even when a
+ * higher source overrides it. A struct config is immutable once built and
+ * shared between threads by reference count; SIGHUP builds a new one.
+ */
+#ifndef IDEMPROXY_CONFIG_H
+#define IDEMPROXY_CONFIG_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "log.h"
+
+#define MUSTCHECK __attribute__((warn_unused_result))
+
+enum in_flight_mode {
+	IN_FLIGHT_WAIT,		/* hold duplicates until the winner settles */
+	IN_FLIGHT_REJECT,	/* answer duplicates 409 at once */
+};
+
+enum store_down_mode {
+	STORE_DOWN_FAIL_CLOSED,	/* keyed requests get 503 */
+	STORE_DOWN_FAIL_OPEN,	/* keyed requests are forwarded unprotected */
+};
+
+enum upstream_error_mode {
+	UPSTREAM_ERROR_RELEASE,	/* 5xx/502/504 release the key */
+	UPSTREAM_ERROR_KEEP,	/* 5xx/502/504 are stored and replayed */
+};
+
+/* What the command line asks for. */
+enum config_action {
+	CONFIG_RUN,		/* run the proxy */
+	CONFIG_HELP,		/* --help: usage on stdout, exit 0 */
+	CONFIG_VERSION,		/* --version: version on stdout, exit 0 */
+	CONFIG_CHECK,		/* --check-config FILE: print settings, exit 0 */
+};
+
+/* "host:port" split; host is an IP literal or a name, without brackets. */
+struct hostport {
+	char *host;
+	char *port;
+};
+
+struct config {
+	atomic_int refcount;
+
+	/* DESIGN.md §3, in table order */
+	char *listen;			/* as given, "ADDR:PORT" */
+	struct hostport listen_hp;
+	char *upstream;			/* as given, "http://host:port[/prefix]" */
+	struct hostport upstream_hp;
+	char *upstream_prefix;		/* "" or "/prefix" without trailing '/' */
+	char *store;			/* "memory" or a postgres:// URL */
+	char *redis;			/* NULL when off */
+	struct hostport redis_hp;	/* host/port of redis; NULLs when off */
+	int redis_db;			/* "/DB" of the redis URL, 0 when none */
+	char *admin_listen;
+	struct hostport admin_hp;
+	char *config_file;		/* NULL when none */
+	int workers;			/* >= 1; default: number of CPUs */
+	char *key_header;
+	char *methods;			/* as given, "POST,PATCH" */
+	uint64_t methods_mask;		/* bit (1 << llhttp_method_t) per method */
+	bool require_key;
+	enum in_flight_mode in_flight;
+	uint64_t wait_timeout_ms;
+	uint64_t ttl_ms;
+	uint64_t lease_ms;
+	uint64_t upstream_timeout_ms;
+	uint64_t max_body;
+	uint64_t max_cached_response;
+	enum store_down_mode store_down;
+	enum upstream_error_mode on_upstream_error;
+	uint64_t drain_timeout_ms;
+	uint64_t sweep_interval_ms;
+	enum log_level log_level;
+	enum log_format log_format;
+
+	/* additions to DESIGN.md §3, documented in docs/configuration.md */
+	uint64_t client_timeout_ms;	/* request head, and each body read gap: 408 */
+	uint64_t idle_timeout_ms;	/* idle keep-alive client connection */
+	uint64_t max_header_size;	/* request line + headers: 431 */
+	int max_connections;		/* per worker; accept pauses beyond */
+
+	/* private: what was parsed, kept so that SIGHUP can re-apply it */
+	int argc;
+	char **argv;
+	char **env;			/* the IDEMPROXY_* variables only */
+};
+
+/*
+ * Parse the command line (argv[0] is the program) and the environment
+ * (NULL-terminated "NAME=value" strings, usually environ), then the config
+ * file if one is named by either. On success returns 0 with *out set (for
+ * CONFIG_RUN and CONFIG_CHECK; NULL otherwise) and *action set. On failure
+ * returns -1 with a one-line message naming the option in err; the caller
+ * exits with status 2.
+ */
+int config_parse(int argc, char **argv, char **envp, struct config **out,
+		 enum config_action *action, char *err, size_t errlen) MUSTCHECK;
+
+/*
+ * Build a new config from the same flags and environment as `running` and
+ * the config file as it is now on disk (SIGHUP). Returns NULL with err set
+ * when the file is bad; the caller keeps `running`. Settings that need a
+ * restart (listen, admin_listen, workers, upstream, store, redis) keep the
+ * running values in the new config, with a log_warn() for each that the
+ * file changed.
+ */
+struct config *config_reload(const struct config *running, char *err,
+			     size_t errlen) MUSTCHECK;
+
+/* Print every effective setting, one "name = value" per line. */
+void config_print(const struct config *cfg, FILE *out);
+
+/* Print --help: usage, then each option with env name, default and help. */
+void config_usage(FILE *out);
+
+/* Print --version: "idemproxy VERSION". */
+void config_version(FILE *out);
+
+struct config *config_ref(struct config *cfg);
+void config_unref(struct config *cfg);
+
+/* Is this llhttp method number protected by cfg->methods? */
+static inline bool config_method_protected(const struct config *cfg, int method)
+{
+	return method >= 0 && method < 64 && (cfg->methods_mask >> method) & 1;
+}
+
+#endif

@@ -1,0 +1,285 @@
+/*
+ * httphdr.c - header collection and the hop-by-hop rules (see httphdr.h).
+ */
+#include "httphdr.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Arenas larger than this are released between messages, so an idle
+ * keep-alive connection holds almost nothing. */
+#define HDR_KEEP_ARENA 2048
+#define HDR_KEEP_FIELDS 32
+
+enum {
+	HDR_OPEN_NONE,		/* between fields */
+	HDR_OPEN_NAME,		/* pieces extend the last field's name */
+	HDR_OPEN_VALUE,		/* pieces extend the last field's value */
+};
+
+void hdrlist_init(struct hdrlist *h)
+{
+	memset(h, 0, sizeof(*h));
+}
+
+void hdrlist_reset(struct hdrlist *h)
+{
+	if (h->cap > HDR_KEEP_ARENA) {
+		free(h->arena);
+		h->arena = NULL;
+		h->cap = 0;
+	}
+	if (h->alloc > HDR_KEEP_FIELDS) {
+		free(h->v);
+		h->v = NULL;
+		h->alloc = 0;
+	}
+	h->used = 0;
+	h->n = 0;
+	h->open = HDR_OPEN_NONE;
+}
+
+void hdrlist_free(struct hdrlist *h)
+{
+	free(h->arena);
+	free(h->v);
+	hdrlist_init(h);
+}
+
+/* Make room for len more bytes plus a NUL. */
+static int arena_reserve(struct hdrlist *h, size_t len)
+{
+	size_t want = h->used + len + 1;
+	size_t cap;
+	char *p;
+
+	if (want <= h->cap)
+		return 0;
+	if (want > UINT32_MAX)
+		return -1;
+	cap = h->cap ? h->cap : 256;
+	while (cap < want)
+		cap *= 2;
+	p = realloc(h->arena, cap);
+	if (p == NULL)
+		return -1;
+	h->arena = p;
+	h->cap = cap;
+	return 0;
+}
+
+/* Append bytes to the arena, keeping the text NUL-terminated so that names
+ * and values can be used as C strings. The NUL of the previous piece is
+ * overwritten when a piece continues it. */
+static int arena_append(struct hdrlist *h, const char *p, size_t len)
+{
+	if (arena_reserve(h, len) < 0)
+		return -1;
+	memcpy(h->arena + h->used, p, len);
+	h->used += len;
+	h->arena[h->used] = '\0';
+	return 0;
+}
+
+static int new_field(struct hdrlist *h)
+{
+	struct hdr *v;
+
+	if (h->n == h->alloc) {
+		uint32_t alloc = h->alloc ? h->alloc * 2 : 16;
+
+		v = realloc(h->v, alloc * sizeof(*v));
+		if (v == NULL)
+			return -1;
+		h->v = v;
+		h->alloc = alloc;
+	}
+	/* Terminate the previous value; a new field always starts after a NUL. */
+	if (h->used > 0 && arena_reserve(h, 0) == 0)
+		h->used++;
+	if (arena_reserve(h, 0) < 0)
+		return -1;
+	v = &h->v[h->n++];
+	v->name_off = (uint32_t)h->used;
+	v->name_len = 0;
+	v->value_off = (uint32_t)h->used;
+	v->value_len = 0;
+	h->arena[h->used] = '\0';
+	return 0;
+}
+
+int hdrlist_add_name(struct hdrlist *h, const char *p, size_t len)
+{
+	struct hdr *v;
+
+	if (h->open != HDR_OPEN_NAME) {
+		if (new_field(h) < 0)
+			return -1;
+		h->open = HDR_OPEN_NAME;
+	}
+	v = &h->v[h->n - 1];
+	if (arena_append(h, p, len) < 0)
+		return -1;
+	v->name_len += (uint32_t)len;
+	v->value_off = (uint32_t)h->used + 1;
+	return 0;
+}
+
+int hdrlist_add_value(struct hdrlist *h, const char *p, size_t len)
+{
+	struct hdr *v;
+
+	if (h->n == 0 || h->open == HDR_OPEN_NONE)
+		return -1;
+	v = &h->v[h->n - 1];
+	if (h->open == HDR_OPEN_NAME) {
+		/* step over the name's NUL */
+		if (arena_reserve(h, 1) < 0)
+			return -1;
+		h->used++;
+		h->arena[h->used] = '\0';
+		v->value_off = (uint32_t)h->used;
+		h->open = HDR_OPEN_VALUE;
+	}
+	if (arena_append(h, p, len) < 0)
+		return -1;
+	v->value_len += (uint32_t)len;
+	return 0;
+}
+
+int hdrlist_end_field(struct hdrlist *h)
+{
+	if (h->open == HDR_OPEN_NAME && hdrlist_add_value(h, "", 0) < 0)
+		return -1;
+	h->open = HDR_OPEN_NONE;
+	return 0;
+}
+
+int hdrlist_add(struct hdrlist *h, const char *name, const char *value)
+{
+	if (hdrlist_add_name(h, name, strlen(name)) < 0 ||
+	    hdrlist_add_value(h, value, strlen(value)) < 0)
+		return -1;
+	return hdrlist_end_field(h);
+}
+
+int hdrlist_find(const struct hdrlist *h, const char *name, uint32_t from)
+{
+	size_t len = strlen(name);
+
+	for (uint32_t i = from; i < h->n; i++)
+		if (h->v[i].name_len == len &&
+		    strncasecmp(hdr_name(h, i), name, len) == 0)
+			return (int)i;
+	return -1;
+}
+
+static bool name_is(const char *name, size_t len, const char *want)
+{
+	return strlen(want) == len && strncasecmp(name, want, len) == 0;
+}
+
+bool httphdr_is_hop_by_hop(const char *name, size_t len)
+{
+	static const char *const hop[] = {
+		"connection", "keep-alive", "proxy-connection", "te",
+		"trailer", "transfer-encoding", "upgrade",
+	};
+
+	for (size_t i = 0; i < sizeof(hop) / sizeof(hop[0]); i++)
+		if (name_is(name, len, hop[i]))
+			return true;
+	return false;
+}
+
+static bool is_ows(char c)
+{
+	return c == ' ' || c == '\t';
+}
+
+bool httphdr_list_has(const char *list, size_t len, const char *token)
+{
+	size_t i = 0;
+
+	while (i < len) {
+		size_t start, end;
+
+		while (i < len && (is_ows(list[i]) || list[i] == ','))
+			i++;
+		start = i;
+		while (i < len && list[i] != ',')
+			i++;
+		end = i;
+		while (end > start && is_ows(list[end - 1]))
+			end--;
+		if (end > start && name_is(list + start, end - start, token))
+			return true;
+	}
+	return false;
+}
+
+bool httphdr_drop_on_forward(const struct hdrlist *h, uint32_t i)
+{
+	const char *name = hdr_name(h, i);
+	size_t len = h->v[i].name_len;
+
+	if (httphdr_is_hop_by_hop(name, len) ||
+	    name_is(name, len, "content-length"))
+		return true;
+	/* fields named as connection options in any Connection field */
+	for (int c = hdrlist_find(h, "connection", 0); c >= 0;
+	     c = hdrlist_find(h, "connection", (uint32_t)c + 1)) {
+		const char *list = hdr_value(h, (uint32_t)c);
+		size_t llen = h->v[c].value_len;
+		size_t p = 0;
+
+		while (p < llen) {
+			size_t s, e;
+
+			while (p < llen && (is_ows(list[p]) || list[p] == ','))
+				p++;
+			s = p;
+			while (p < llen && list[p] != ',')
+				p++;
+			e = p;
+			while (e > s && is_ows(list[e - 1]))
+				e--;
+			if (e - s == len && strncasecmp(list + s, name, len) == 0)
+				return true;
+		}
+	}
+	return false;
+}
+
+static bool is_tchar(unsigned char c)
+{
+	if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+	    (c >= 'A' && c <= 'Z'))
+		return true;
+	return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+bool httphdr_is_token(const char *s, size_t len)
+{
+	if (len == 0)
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (!is_tchar((unsigned char)s[i]))
+			return false;
+	return true;
+}
+
+int httphdr_validate(const struct hdrlist *h)
+{
+	for (uint32_t i = 0; i < h->n; i++) {
+		const unsigned char *v = (const unsigned char *)hdr_value(h, i);
+
+		if (!httphdr_is_token(hdr_name(h, i), h->v[i].name_len))
+			return -1;
+		for (uint32_t k = 0; k < h->v[i].value_len; k++)
+			if ((v[k] < 0x20 && v[k] != '\t') || v[k] == 0x7f)
+				return -1;
+	}
+	return 0;
+}

@@ -1,0 +1,37 @@
+/*
+ * log.h - one line per event to stderr, as text or JSON.
+ *
+ * Lines are assembled in a local buffer and written with a single write(2),
+ * so lines from several worker threads never interleave.
+ */
+#ifndef IDEMPROXY_LOG_H
+#define IDEMPROXY_LOG_H
+
+enum log_level {
+	LOG_DEBUG,
+	LOG_INFO,
+	LOG_WARN,
+	LOG_ERROR,
+};
+
+enum log_format {
+	LOG_FORMAT_TEXT,	/* "2026-12-02T16:35:15.123Z info message" */
+	LOG_FORMAT_JSON,	/* {"ts":"...","level":"info","msg":"..."} */
+};
+
+/* Set the threshold and format; safe to call again (SIGHUP). */
+void log_setup(enum log_level level, enum log_format format);
+
+/* Parse "debug" | "info" | "warn" | "error". Returns 0 or -1. */
+int log_level_parse(const char *s, enum log_level *out);
+const char *log_level_name(enum log_level level);
+
+void log_msg(enum log_level level, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+#define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
+#define log_info(...)  log_msg(LOG_INFO, __VA_ARGS__)
+#define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)
+#define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+
+#endif

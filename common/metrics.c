@@ -1,0 +1,141 @@
+/*
+ * metrics.c - counters, gauges and a latency histogram shared by all threads.
+ */
+#include "metrics.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* Upper bounds in seconds; the last bucket is +Inf. */
+static const double upstream_buckets[] = {
+	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+	1, 2.5, 5, 10, 30,
+};
+#define NBUCKETS (sizeof(upstream_buckets) / sizeof(upstream_buckets[0]))
+
+static struct {
+	atomic_ulong outcomes[OUTCOME_COUNT];
+	atomic_ulong client_errors[CLIENT_ERROR_COUNT];
+	atomic_ulong upstream_errors[UPSTREAM_ERROR_COUNT];
+	atomic_long gauges[GAUGE_COUNT];
+	atomic_ulong upstream_bucket[NBUCKETS + 1];
+	atomic_ulong upstream_sum_us;
+} m;
+
+static const char *const outcome_names[] = {
+#define X(name, label) label,
+	OUTCOME_LIST(X)
+#undef X
+};
+
+static const char *const client_error_names[] = {
+#define X(name, label) label,
+	CLIENT_ERROR_LIST(X)
+#undef X
+};
+
+static const char *const upstream_error_names[] = {
+#define X(name, label) label,
+	UPSTREAM_ERROR_LIST(X)
+#undef X
+};
+
+static const struct {
+	const char *name, *help;
+} gauges[] = {
+#define X(name, help) { #name, help },
+	GAUGE_LIST(X)
+#undef X
+};
+
+void metrics_outcome(enum outcome o)
+{
+	atomic_fetch_add_explicit(&m.outcomes[o], 1, memory_order_relaxed);
+}
+
+void metrics_client_error(enum client_error e)
+{
+	atomic_fetch_add_explicit(&m.client_errors[e], 1, memory_order_relaxed);
+}
+
+void metrics_upstream_error(enum upstream_error e)
+{
+	atomic_fetch_add_explicit(&m.upstream_errors[e], 1, memory_order_relaxed);
+}
+
+void metrics_gauge_add(enum gauge g, long delta)
+{
+	atomic_fetch_add_explicit(&m.gauges[g], delta, memory_order_relaxed);
+}
+
+void metrics_upstream_observe(double seconds)
+{
+	size_t i = 0;
+
+	while (i < NBUCKETS && seconds > upstream_buckets[i])
+		i++;
+	atomic_fetch_add_explicit(&m.upstream_bucket[i], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m.upstream_sum_us,
+				  (unsigned long)(seconds * 1e6),
+				  memory_order_relaxed);
+}
+
+const char *outcome_name(enum outcome o)
+{
+	return outcome_names[o];
+}
+
+const char *upstream_error_name(enum upstream_error e)
+{
+	return upstream_error_names[e];
+}
+
+static unsigned long load(atomic_ulong *v)
+{
+	return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+void metrics_render(FILE *out)
+{
+	unsigned long cum = 0;
+
+	fprintf(out, "# HELP idemproxy_requests_total Requests by outcome.\n"
+		"# TYPE idemproxy_requests_total counter\n");
+	for (int i = 0; i < OUTCOME_COUNT; i++)
+		fprintf(out, "idemproxy_requests_total{outcome=\"%s\"} %lu\n",
+			outcome_names[i], load(&m.outcomes[i]));
+
+	fprintf(out, "# HELP idemproxy_client_errors_total Requests refused "
+		"before they could be parsed, by reason.\n"
+		"# TYPE idemproxy_client_errors_total counter\n");
+	for (int i = 0; i < CLIENT_ERROR_COUNT; i++)
+		fprintf(out, "idemproxy_client_errors_total{reason=\"%s\"} %lu\n",
+			client_error_names[i], load(&m.client_errors[i]));
+
+	fprintf(out, "# HELP idemproxy_upstream_errors_total Failed upstream "
+		"exchanges, by cause.\n"
+		"# TYPE idemproxy_upstream_errors_total counter\n");
+	for (int i = 0; i < UPSTREAM_ERROR_COUNT; i++)
+		fprintf(out, "idemproxy_upstream_errors_total{cause=\"%s\"} %lu\n",
+			upstream_error_names[i], load(&m.upstream_errors[i]));
+
+	for (int i = 0; i < GAUGE_COUNT; i++)
+		fprintf(out, "# HELP idemproxy_%s %s\n# TYPE idemproxy_%s gauge\n"
+			"idemproxy_%s %ld\n", gauges[i].name, gauges[i].help,
+			gauges[i].name, gauges[i].name,
+			atomic_load_explicit(&m.gauges[i], memory_order_relaxed));
+
+	fprintf(out, "# HELP idemproxy_upstream_seconds Time from issuing a "
+		"request upstream to the end of its response.\n"
+		"# TYPE idemproxy_upstream_seconds histogram\n");
+	for (size_t i = 0; i < NBUCKETS; i++) {
+		cum += load(&m.upstream_bucket[i]);
+		fprintf(out, "idemproxy_upstream_seconds_bucket{le=\"%g\"} %lu\n",
+			upstream_buckets[i], cum);
+	}
+	cum += load(&m.upstream_bucket[NBUCKETS]);
+	fprintf(out, "idemproxy_upstream_seconds_bucket{le=\"+Inf\"} %lu\n"
+		"idemproxy_upstream_seconds_sum %.6f\n"
+		"idemproxy_upstream_seconds_count %lu\n",
+		cum, load(&m.upstream_sum_us) / 1e6, cum);
+}

@@ -1,0 +1,86 @@
+/*
+ * metrics.h - the process-wide metrics registry, rendered as Prometheus text.
+ *
+ * Every metric is defined once in the X-macros below. Updates are relaxed
+ * atomic adds so that any worker thread may count without a lock; the admin
+ * endpoint reads a slightly racy but never torn snapshot.
+ */
+#ifndef IDEMPROXY_METRICS_H
+#define IDEMPROXY_METRICS_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* One outcome per request (DESIGN.md §5). */
+#define OUTCOME_LIST(X) \
+	X(PASSTHROUGH,       "passthrough") \
+	X(FORWARDED,         "forwarded") \
+	X(REPLAYED,          "replayed") \
+	X(CONFLICT,          "conflict") \
+	X(MISMATCH,          "mismatch") \
+	X(MISSING_KEY,       "missing_key") \
+	X(INVALID_KEY,       "invalid_key") \
+	X(TOO_LARGE,         "too_large") \
+	X(STORE_UNAVAILABLE, "store_unavailable") \
+	X(FAIL_OPEN,         "fail_open")
+
+enum outcome {
+#define X(name, label) OUTCOME_##name,
+	OUTCOME_LIST(X)
+#undef X
+	OUTCOME_COUNT
+};
+
+/* Requests the proxy refused before they became requests (by reason). */
+#define CLIENT_ERROR_LIST(X) \
+	X(BAD_REQUEST,       "bad_request") \
+	X(HEADERS_TOO_LARGE, "headers_too_large") \
+	X(REQUEST_TIMEOUT,   "request_timeout")
+
+enum client_error {
+#define X(name, label) CLIENT_ERROR_##name,
+	CLIENT_ERROR_LIST(X)
+#undef X
+	CLIENT_ERROR_COUNT
+};
+
+/* Why an exchange with the upstream failed. */
+#define UPSTREAM_ERROR_LIST(X) \
+	X(CONNECT,  "connect") \
+	X(TIMEOUT,  "timeout") \
+	X(RESET,    "reset") \
+	X(PROTOCOL, "protocol")
+
+enum upstream_error {
+#define X(name, label) UPSTREAM_ERROR_##name,
+	UPSTREAM_ERROR_LIST(X)
+#undef X
+	UPSTREAM_ERROR_COUNT
+};
+
+/* Gauges: name, help. */
+#define GAUGE_LIST(X) \
+	X(connections,          "Open client connections.") \
+	X(upstream_connections, "Open connections to the upstream, busy or idle.")
+
+enum gauge {
+#define X(name, help) GAUGE_##name,
+	GAUGE_LIST(X)
+#undef X
+	GAUGE_COUNT
+};
+
+void metrics_outcome(enum outcome o);
+void metrics_client_error(enum client_error e);
+void metrics_upstream_error(enum upstream_error e);
+void metrics_gauge_add(enum gauge g, long delta);
+/* One upstream exchange took this long (request issued to response end). */
+void metrics_upstream_observe(double seconds);
+
+const char *outcome_name(enum outcome o);
+const char *upstream_error_name(enum upstream_error e);
+
+/* Write every metric in Prometheus text exposition format 0.0.4. */
+void metrics_render(FILE *out);
+
+#endif

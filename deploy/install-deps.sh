@@ -1,0 +1,40 @@
+#!/bin/sh
+# Install everything idemproxy's build, tests, benchmarks and demo need on
+# Debian 12 (bookworm). Safe to run any number of times: packages already
+# present are left as they are, and apt is only asked when one is missing.
+set -eu
+
+PACKAGES="
+  build-essential pkg-config meson ninja-build
+  libevent-dev libpq-dev libhiredis-dev libssl-dev libinih-dev
+  node-llhttp
+  postgresql redis-server nginx wrk
+  python3 python3-pytest python3-yaml
+  curl procps ca-certificates
+"
+
+missing=""
+for p in $PACKAGES; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing="$missing $p"
+  fi
+done
+
+if [ -z "$missing" ]; then
+  echo "install-deps: all packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+
+echo "install-deps: installing:$missing"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+# The Debian packages start their system-wide services; idemproxy's demo and
+# tests run their own private instances on free ports and never use these.
+echo "install-deps: done"

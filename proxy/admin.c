@@ -1,0 +1,116 @@
+/*
+ * admin.c - health, readiness and Prometheus metrics over HTTP.
+ */
+#include "admin.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "log.h"
+#include "metrics.h"
+
+struct admin {
+	struct evhttp *http;
+	bool draining;
+};
+
+static void reply_text(struct evhttp_request *req, int code, const char *reason,
+		       const char *type, const char *body, size_t len)
+{
+	struct evbuffer *out = evbuffer_new();
+
+	if (out == NULL) {
+		evhttp_send_error(req, 500, NULL);
+		return;
+	}
+	evbuffer_add(out, body, len);
+	evhttp_add_header(evhttp_request_get_output_headers(req),
+			  "Content-Type", type);
+	evhttp_add_header(evhttp_request_get_output_headers(req),
+			  "Cache-Control", "no-store");
+	evhttp_send_reply(req, code, reason, out);
+	evbuffer_free(out);
+}
+
+static void handle(struct evhttp_request *req, void *arg)
+{
+	struct admin *a = arg;
+	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f;
+
+	if (path == NULL)
+		path = "/";
+	if (evhttp_request_get_command(req) != EVHTTP_REQ_GET &&
+	    evhttp_request_get_command(req) != EVHTTP_REQ_HEAD) {
+		reply_text(req, 405, "Method Not Allowed", "text/plain",
+			   "method not allowed\n", 19);
+		return;
+	}
+	if (strcmp(path, "/healthz") == 0) {
+		reply_text(req, 200, "OK", "text/plain", "ok\n", 3);
+	} else if (strcmp(path, "/readyz") == 0) {
+		if (a->draining)
+			reply_text(req, 503, "Service Unavailable", "text/plain",
+				   "draining\n", 9);
+		else
+			reply_text(req, 200, "OK", "text/plain", "ready\n", 6);
+	} else if (strcmp(path, "/metrics") == 0) {
+		f = open_memstream(&text, &len);
+		if (f == NULL) {
+			evhttp_send_error(req, 500, NULL);
+			return;
+		}
+		metrics_render(f);
+		fclose(f);
+		reply_text(req, 200, "OK", "text/plain; version=0.0.4", text, len);
+		free(text);
+	} else {
+		reply_text(req, 404, "Not Found", "text/plain", "not found\n", 10);
+	}
+}
+
+struct admin *admin_new(struct event_base *base, const char *host,
+			const char *port, char *err, size_t errlen)
+{
+	struct admin *a = calloc(1, sizeof(*a));
+
+	if (a == NULL)
+		goto fail;
+	a->http = evhttp_new(base);
+	if (a->http == NULL)
+		goto fail;
+	evhttp_set_gencb(a->http, handle, a);
+	evhttp_set_timeout(a->http, 10);
+	if (evhttp_bind_socket(a->http, host, (ev_uint16_t)atoi(port)) < 0) {
+		snprintf(err, errlen, "--admin-listen %s:%s: cannot listen", host,
+			 port);
+		goto fail;
+	}
+	return a;
+fail:
+	if (a != NULL && a->http != NULL)
+		evhttp_free(a->http);
+	free(a);
+	return NULL;
+}
+
+void admin_set_draining(struct admin *a, bool draining)
+{
+	a->draining = draining;
+}
+
+void admin_free(struct admin *a)
+{
+	if (a == NULL)
+		return;
+	evhttp_free(a->http);
+	free(a);
+}

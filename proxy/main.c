@@ -1,0 +1,287 @@
+/*
+ * main.c - start-up, signals and shutdown.
+ *
+ * The main thread parses the configuration, opens every listening socket
+ * (so that a port in use is reported before anything runs), starts one
+ * worker thread per --workers, then runs its own loop for the admin
+ * listener and the signals: SIGTERM/SIGINT drain the workers and exit 0,
+ * SIGHUP reloads the config file.
+ */
+#include <errno.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <event2/util.h>
+
+#include "admin.h"
+#include "config.h"
+#include "log.h"
+#include "upstream.h"
+#include "worker.h"
+
+#define LISTEN_BACKLOG 1024
+
+extern char **environ;
+
+struct daemon {
+	struct config *cfg;
+	struct event_base *base;
+	struct admin *admin;
+	struct worker *workers;
+	int nworkers;
+	int started;
+	int done;		/* workers whose loop has ended */
+	struct event *sig_term, *sig_int, *sig_hup;
+	struct event *worker_done;
+	bool stopping;
+};
+
+/* Open one listening socket on host:port. With *port "0" the kernel picks,
+ * and *port is rewritten so that the other workers share the same port. */
+static evutil_socket_t open_listener(const char *host, char *port, size_t portlen,
+				     char *err, size_t errlen)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+				  .ai_flags = AI_PASSIVE };
+	struct addrinfo *res = NULL;
+	evutil_socket_t fd = -1;
+	struct sockaddr_storage ss;
+	socklen_t sslen = sizeof(ss);
+	int one = 1;
+	int rc;
+
+	rc = getaddrinfo(host, port, &hints, &res);
+	if (rc != 0) {
+		snprintf(err, errlen, "--listen %s:%s: %s", host, port,
+			 gai_strerror(rc));
+		return -1;
+	}
+	fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		goto fail;
+	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0 ||
+	    bind(fd, res->ai_addr, res->ai_addrlen) < 0 ||
+	    listen(fd, LISTEN_BACKLOG) < 0 ||
+	    evutil_make_socket_nonblocking(fd) < 0)
+		goto fail;
+	if (getsockname(fd, (struct sockaddr *)&ss, &sslen) == 0) {
+		char h[NI_MAXHOST];
+
+		getnameinfo((struct sockaddr *)&ss, sslen, h, sizeof(h), port,
+			    (socklen_t)portlen, NI_NUMERICHOST | NI_NUMERICSERV);
+	}
+	freeaddrinfo(res);
+	return fd;
+fail:
+	snprintf(err, errlen, "--listen %s:%s: %s", host, port, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	freeaddrinfo(res);
+	return -1;
+}
+
+/* Runs on a worker's thread: wake the main loop. */
+static void worker_finished(struct worker *w, void *arg)
+{
+	struct daemon *d = arg;
+
+	event_active(d->worker_done, EV_TIMEOUT, 1);
+}
+
+static void worker_done_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+	int done = 0;
+
+	/* Activations from several threads may coalesce: count by asking
+	 * each worker's loop whether it has ended. */
+	for (int i = 0; i < d->started; i++)
+		if (event_base_got_exit(d->workers[i].base) ||
+		    event_base_got_break(d->workers[i].base))
+			done++;
+	d->done = done;
+	if (d->done == d->started) {
+		log_info("all workers drained, exiting");
+		event_base_loopexit(d->base, NULL);
+	} else if (!d->stopping) {
+		log_error("a worker stopped unexpectedly; shutting down");
+		raise(SIGTERM);
+	}
+}
+
+static void on_stop(evutil_socket_t sig, short what, void *arg)
+{
+	struct daemon *d = arg;
+
+	if (d->stopping)
+		return;
+	d->stopping = true;
+	log_info("%s: draining (at most %llums)", sig == SIGINT ? "SIGINT" : "SIGTERM",
+		 (unsigned long long)d->cfg->drain_timeout_ms);
+	admin_set_draining(d->admin, true);
+	for (int i = 0; i < d->started; i++)
+		worker_post_stop(&d->workers[i]);
+}
+
+static void on_hup(evutil_socket_t sig, short what, void *arg)
+{
+	struct daemon *d = arg;
+	char err[512];
+	struct config *cfg;
+
+	if (d->cfg->config_file == NULL) {
+		log_info("SIGHUP: no config file to reload");
+		return;
+	}
+	cfg = config_reload(d->cfg, err, sizeof(err));
+	if (cfg == NULL) {
+		log_error("SIGHUP: keeping the running config: %s", err);
+		return;
+	}
+	/* config_reload warned about, and kept, settings that need a restart */
+	log_setup(cfg->log_level, cfg->log_format);
+	for (int i = 0; i < d->started; i++)
+		worker_post_config(&d->workers[i], cfg);
+	config_unref(d->cfg);
+	d->cfg = cfg;
+	log_info("SIGHUP: reloaded %s", cfg->config_file);
+}
+
+static int run(struct daemon *d)
+{
+	struct config *cfg = d->cfg;
+	struct upstream_target target = { .host = cfg->upstream_hp.host,
+					  .port = cfg->upstream_hp.port };
+	char port[32];
+	char err[512];
+	int rc = 1;
+
+	if (upstream_resolve(&target, err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		return 1;
+	}
+	d->base = event_base_new();
+	if (d->base == NULL)
+		return 1;
+	d->admin = admin_new(d->base, cfg->admin_hp.host, cfg->admin_hp.port,
+			     err, sizeof(err));
+	if (d->admin == NULL) {
+		log_error("%s", err);
+		goto out;
+	}
+	d->workers = calloc((size_t)cfg->workers, sizeof(*d->workers));
+	if (d->workers == NULL)
+		goto out;
+	d->nworkers = cfg->workers;
+	snprintf(port, sizeof(port), "%s", cfg->listen_hp.port);
+	for (int i = 0; i < d->nworkers; i++) {
+		evutil_socket_t fd = open_listener(cfg->listen_hp.host, port,
+						   sizeof(port), err, sizeof(err));
+
+		if (fd < 0) {
+			log_error("%s", err);
+			goto out;
+		}
+		if (worker_init(&d->workers[i], i, cfg, fd, &target) < 0)
+			goto out;
+		worker_on_done(&d->workers[i], worker_finished, d);
+		d->started = i + 1;	/* initialised: worker_free is due */
+	}
+	d->worker_done = event_new(d->base, -1, 0, worker_done_cb, d);
+	d->sig_term = evsignal_new(d->base, SIGTERM, on_stop, d);
+	d->sig_int = evsignal_new(d->base, SIGINT, on_stop, d);
+	d->sig_hup = evsignal_new(d->base, SIGHUP, on_hup, d);
+	if (d->worker_done == NULL || d->sig_term == NULL || d->sig_int == NULL ||
+	    d->sig_hup == NULL || evsignal_add(d->sig_term, NULL) < 0 ||
+	    evsignal_add(d->sig_int, NULL) < 0 || evsignal_add(d->sig_hup, NULL) < 0)
+		goto out;
+	for (int i = 0; i < d->nworkers; i++) {
+		if (worker_start(&d->workers[i]) < 0) {
+			/* stop the ones already running, then report */
+			d->started = i;
+			on_stop(SIGTERM, 0, d);
+			event_base_dispatch(d->base);
+			goto out;
+		}
+	}
+	log_info("idemproxy %s listening on %s:%s (%d worker%s), upstream %s, "
+		 "store %s, admin on %s", IDEMPROXY_VERSION, cfg->listen_hp.host,
+		 port, d->nworkers, d->nworkers == 1 ? "" : "s", cfg->upstream,
+		 cfg->store, cfg->admin_listen);
+	event_base_dispatch(d->base);
+	rc = 0;
+out:
+	if (rc != 0 && d->workers != NULL)
+		for (int i = 0; i < d->started; i++)
+			d->workers[i].done_fn = NULL;
+	return rc;
+}
+
+static void cleanup(struct daemon *d)
+{
+	for (int i = 0; i < d->started; i++) {
+		if (d->workers[i].thread)
+			worker_join(&d->workers[i]);
+		worker_free(&d->workers[i]);
+	}
+	free(d->workers);
+	if (d->sig_term)
+		event_free(d->sig_term);
+	if (d->sig_int)
+		event_free(d->sig_int);
+	if (d->sig_hup)
+		event_free(d->sig_hup);
+	if (d->worker_done)
+		event_free(d->worker_done);
+	admin_free(d->admin);
+	if (d->base)
+		event_base_free(d->base);
+	config_unref(d->cfg);
+}
+
+int main(int argc, char **argv)
+{
+	struct daemon d = { 0 };
+	enum config_action action;
+	char err[512];
+	int rc;
+
+	if (config_parse(argc, argv, environ, &d.cfg, &action, err,
+			 sizeof(err)) < 0) {
+		fprintf(stderr, "idemproxy: %s\n", err);
+		return 2;
+	}
+	switch (action) {
+	case CONFIG_HELP:
+		config_usage(stdout);
+		return 0;
+	case CONFIG_VERSION:
+		printf("idemproxy %s\n", IDEMPROXY_VERSION);
+		return 0;
+	case CONFIG_CHECK:
+		config_print(d.cfg, stdout);
+		config_unref(d.cfg);
+		return 0;
+	case CONFIG_RUN:
+		break;
+	}
+	log_setup(d.cfg->log_level, d.cfg->log_format);
+	signal(SIGPIPE, SIG_IGN);
+	if (evthread_use_pthreads() < 0) {
+		log_error("libevent: no thread support");
+		config_unref(d.cfg);
+		return 1;
+	}
+	rc = run(&d);
+	cleanup(&d);
+	libevent_global_shutdown();
+	return rc;
+}

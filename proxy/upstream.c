@@ -1,0 +1,727 @@
+/*
+ * upstream.c - the upstream side of the proxy (see upstream.h).
+ *
+ *   acquire ──▶ UP_ST_CONNECTING ──connected──▶ UP_ST_BUSY ──on_done──▶ release
+ *      │                                          ▲    │                  │
+ *      └──── idle connection from the pool ───────┘    │   keep-alive ◀───┘
+ *                                                      ▼        (UP_ST_IDLE)
+ *                                        error / abort: closed, freed
+ *
+ * Response parsing: llhttp reads the status line and headers and pauses in
+ * on_headers_complete. Content-Length and close-delimited bodies are then
+ * moved out of the input buffer without llhttp (and without copying);
+ * chunked bodies go through llhttp, which de-chunks them.
+ */
+#include "upstream.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <event2/util.h>
+#include <llhttp.h>
+
+#include "log.h"
+
+/* Keep-alive connections idle longer than this are closed: shorter than the
+ * keep-alive timeout of most servers, so that we rarely reuse one the
+ * upstream is closing at the same moment. */
+#define UP_IDLE_TIMEOUT_S 4
+/* At most this many idle connections per worker. */
+#define UP_MAX_IDLE 256
+/* Send more request bytes once the output fell below this. */
+#define UP_WRITE_LOW (64 * 1024)
+/* The response head must fit in this; larger is a protocol error. */
+#define UP_MAX_HEAD (64 * 1024)
+
+enum up_state {
+	UP_ST_CONNECTING,	/* connect() under way, request may be queued */
+	UP_ST_BUSY,		/* one exchange in progress */
+	UP_ST_IDLE,		/* in the pool, owner-less */
+};
+
+enum up_phase {
+	UP_PH_HEAD,		/* reading a response head */
+	UP_PH_BODY,		/* reading the body of the final response */
+	UP_PH_DONE,		/* response complete */
+};
+
+struct upstream {
+	struct upstream_pool *pool;
+	struct bufferevent *bev;
+	enum up_state state;
+	enum up_phase phase;
+	TAILQ_ENTRY(upstream) idle_link;
+
+	const struct upstream_cbs *cbs;
+	void *arg;
+	struct timeval timeout;
+	bool head_request;
+	bool reused;		/* came from the pool */
+	bool got_bytes;		/* any response byte in this exchange */
+	bool keep_alive;	/* the upstream allows reuse */
+	bool read_paused;
+	bool dead;		/* closed; free when the callback unwinds */
+	int depth;		/* callbacks of ours on the stack */
+
+	llhttp_t parser;
+	struct hdrlist headers;
+	size_t head_bytes;
+	enum body_kind body;
+	uint64_t remaining;	/* BODY_LENGTH */
+	struct evbuffer *chunk;	/* de-chunked bytes on their way out */
+};
+
+TAILQ_HEAD(upstream_list, upstream);
+
+struct upstream_pool {
+	struct event_base *base;
+	struct evdns_base *dns;
+	struct evdns_getaddrinfo_request *resolving;
+	struct upstream_target target;
+	bool literal;		/* host is an IP address: never re-resolve */
+	struct upstream_list idle;
+	int nidle;
+	int nbusy;
+};
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len);
+static int on_header_value(llhttp_t *p, const char *at, size_t len);
+static int on_header_value_complete(llhttp_t *p);
+static int on_headers_complete(llhttp_t *p);
+static int on_body(llhttp_t *p, const char *at, size_t len);
+static int on_message_complete(llhttp_t *p);
+
+static llhttp_settings_t parser_settings = {
+	.on_header_field = on_header_field,
+	.on_header_value = on_header_value,
+	.on_header_value_complete = on_header_value_complete,
+	.on_headers_complete = on_headers_complete,
+	.on_body = on_body,
+	.on_message_complete = on_message_complete,
+};
+
+int upstream_resolve(struct upstream_target *t, char *err, size_t errlen)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC,
+				  .ai_socktype = SOCK_STREAM };
+	struct addrinfo *res = NULL;
+	int rc;
+
+	rc = getaddrinfo(t->host, t->port, &hints, &res);
+	if (rc != 0) {
+		snprintf(err, errlen, "cannot resolve upstream %s:%s: %s",
+			 t->host, t->port, gai_strerror(rc));
+		return -1;
+	}
+	memcpy(&t->addr, res->ai_addr, res->ai_addrlen);
+	t->addrlen = res->ai_addrlen;
+	freeaddrinfo(res);
+	return 0;
+}
+
+static void parser_reset(struct upstream *u)
+{
+	llhttp_init(&u->parser, HTTP_RESPONSE, &parser_settings);
+	u->parser.data = u;
+	hdrlist_reset(&u->headers);
+	u->head_bytes = 0;
+	u->phase = UP_PH_HEAD;
+}
+
+/* Close the connection now; free the struct once no callback of ours is on
+ * the stack. */
+static void up_close(struct upstream *u)
+{
+	struct upstream_pool *p = u->pool;
+
+	if (u->dead)
+		return;
+	u->dead = true;
+	if (u->state == UP_ST_IDLE) {
+		TAILQ_REMOVE(&p->idle, u, idle_link);
+		p->nidle--;
+	} else {
+		p->nbusy--;
+	}
+	bufferevent_free(u->bev);
+	u->bev = NULL;
+	u->cbs = NULL;
+	metrics_gauge_add(GAUGE_upstream_connections, -1);
+	if (u->depth == 0) {
+		hdrlist_free(&u->headers);
+		evbuffer_free(u->chunk);
+		free(u);
+	}
+}
+
+/* Leave a callback section; free u if it was closed meanwhile. Returns
+ * true when u is gone. */
+static bool up_leave(struct upstream *u)
+{
+	if (--u->depth == 0 && u->dead) {
+		hdrlist_free(&u->headers);
+		evbuffer_free(u->chunk);
+		free(u);
+		return true;
+	}
+	return u->dead;
+}
+
+static void dns_done(int result, struct evutil_addrinfo *res, void *arg)
+{
+	struct upstream_pool *p = arg;
+
+	p->resolving = NULL;
+	if (result != 0) {
+		if (result != EVUTIL_EAI_CANCEL)
+			log_warn("upstream %s: re-resolving failed: %s",
+				 p->target.host, evutil_gai_strerror(result));
+		return;
+	}
+	memcpy(&p->target.addr, res->ai_addr, res->ai_addrlen);
+	p->target.addrlen = res->ai_addrlen;
+	evutil_freeaddrinfo(res);
+	log_info("upstream %s re-resolved", p->target.host);
+}
+
+/* A connect failed: the address may have moved (a restarted container).
+ * Look the name up again in the background for the next connection. */
+static void re_resolve(struct upstream_pool *p)
+{
+	struct evutil_addrinfo hints = { .ai_family = AF_UNSPEC,
+					 .ai_socktype = SOCK_STREAM };
+
+	if (p->literal || p->resolving != NULL)
+		return;
+	if (p->dns == NULL) {
+		p->dns = evdns_base_new(p->base,
+					EVDNS_BASE_INITIALIZE_NAMESERVERS);
+		if (p->dns == NULL)
+			return;
+	}
+	p->resolving = evdns_getaddrinfo(p->dns, p->target.host,
+					 p->target.port, &hints, dns_done, p);
+}
+
+/* Report a failed exchange to the owner, then close. */
+static void up_fail(struct upstream *u, enum upstream_error err)
+{
+	const struct upstream_cbs *cbs = u->cbs;
+	bool retryable = u->reused && !u->got_bytes && err == UPSTREAM_ERROR_RESET;
+
+	metrics_upstream_error(err);
+	if (err == UPSTREAM_ERROR_CONNECT)
+		re_resolve(u->pool);
+	if (cbs != NULL) {
+		u->cbs = NULL;
+		u->depth++;
+		cbs->on_error(u->arg, err, retryable);
+		if (up_leave(u))
+			return;
+	}
+	up_close(u);
+}
+
+/* The final response is complete: tell the owner, who releases or aborts. */
+static void up_done(struct upstream *u)
+{
+	u->phase = UP_PH_DONE;
+	if (u->cbs != NULL)
+		u->cbs->on_done(u->arg);
+}
+
+/* Hand len body bytes at the front of src to the owner. */
+static void up_body(struct upstream *u, struct evbuffer *src, size_t len)
+{
+	if (len > 0 && u->cbs != NULL)
+		u->cbs->on_body(u->arg, src, len);
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len)
+{
+	struct upstream *u = p->data;
+
+	u->head_bytes += len;
+	if (u->head_bytes > UP_MAX_HEAD ||
+	    hdrlist_add_name(&u->headers, at, len) < 0)
+		return -1;
+	return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len)
+{
+	struct upstream *u = p->data;
+
+	u->head_bytes += len;
+	if (u->head_bytes > UP_MAX_HEAD ||
+	    hdrlist_add_value(&u->headers, at, len) < 0)
+		return -1;
+	return 0;
+}
+
+static int on_header_value_complete(llhttp_t *p)
+{
+	struct upstream *u = p->data;
+
+	return hdrlist_end_field(&u->headers) < 0 ? -1 : 0;
+}
+
+static int on_headers_complete(llhttp_t *p)
+{
+	return HPE_PAUSED;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len)
+{
+	struct upstream *u = p->data;
+
+	return evbuffer_add(u->chunk, at, len) < 0 ? -1 : 0;
+}
+
+static int on_message_complete(llhttp_t *p)
+{
+	return HPE_PAUSED;
+}
+
+/* Does the response let us reuse the connection? */
+static bool response_keep_alive(const llhttp_t *p, const struct hdrlist *h)
+{
+	bool keep = p->http_major == 1 && p->http_minor >= 1;
+
+	for (int i = hdrlist_find(h, "connection", 0); i >= 0;
+	     i = hdrlist_find(h, "connection", (uint32_t)i + 1)) {
+		if (httphdr_list_has(hdr_value(h, (uint32_t)i),
+				     h->v[i].value_len, "close"))
+			keep = false;
+		else if (httphdr_list_has(hdr_value(h, (uint32_t)i),
+					  h->v[i].value_len, "keep-alive"))
+			keep = true;
+	}
+	return keep;
+}
+
+/*
+ * A head is parsed (llhttp paused in on_headers_complete). Work out the body,
+ * tell the owner, and set up for the body or for the next head after a 1xx.
+ * Returns -1 on a protocol error.
+ */
+static int handle_head(struct upstream *u)
+{
+	llhttp_t *p = &u->parser;
+	struct upstream_resp resp = {
+		.status = p->status_code,
+		.http_major = p->http_major,
+		.http_minor = p->http_minor,
+		.headers = &u->headers,
+	};
+
+	if (httphdr_validate(&u->headers) < 0)
+		return -1;
+	if (resp.status >= 100 && resp.status < 200) {
+		if (resp.status == 101)
+			return -1;	/* we never ask for an upgrade */
+		resp.body = BODY_NONE;
+		if (u->cbs != NULL)
+			u->cbs->on_head(u->arg, &resp);
+		parser_reset(u);
+		return 0;
+	}
+	u->keep_alive = response_keep_alive(p, &u->headers);
+	if (u->head_request || resp.status == 204 || resp.status == 304) {
+		resp.body = BODY_NONE;
+	} else if (p->flags & F_CHUNKED) {
+		resp.body = BODY_CHUNKED;
+	} else if (p->flags & F_CONTENT_LENGTH) {
+		resp.body = BODY_LENGTH;
+		resp.content_length = p->content_length;
+	} else if (p->flags & F_TRANSFER_ENCODING) {
+		return -1;	/* a coding we cannot delimit */
+	} else {
+		resp.body = BODY_EOF;
+		u->keep_alive = false;
+	}
+	u->body = resp.body;
+	u->remaining = resp.content_length;
+	u->phase = UP_PH_BODY;
+	if (u->cbs != NULL)
+		u->cbs->on_head(u->arg, &resp);
+	if (resp.body == BODY_CHUNKED)
+		llhttp_resume(p);
+	return 0;
+}
+
+/* Feed input to llhttp until it pauses or runs dry. Returns -1 on error. */
+static int parse_some(struct upstream *u, struct evbuffer *in, bool *paused)
+{
+	*paused = false;
+	while (evbuffer_get_length(in) > 0) {
+		struct evbuffer_iovec v;
+		enum llhttp_errno err;
+		size_t used;
+
+		if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+			break;
+		err = llhttp_execute(&u->parser, v.iov_base, v.iov_len);
+		if (err == HPE_OK) {
+			used = v.iov_len;
+		} else if (err == HPE_PAUSED) {
+			used = (size_t)(llhttp_get_error_pos(&u->parser) -
+					(const char *)v.iov_base);
+			*paused = true;
+		} else {
+			log_debug("upstream: bad response: %s (%s)",
+				  llhttp_errno_name(err),
+				  llhttp_get_error_reason(&u->parser));
+			return -1;
+		}
+		evbuffer_drain(in, used);
+		if (*paused)
+			return 0;
+	}
+	return 0;
+}
+
+/* Pass de-chunked bytes on, then report completion if llhttp paused at the
+ * end of the message. */
+static void flush_chunk(struct upstream *u)
+{
+	up_body(u, u->chunk, evbuffer_get_length(u->chunk));
+}
+
+/*
+ * Process whatever response bytes are buffered. Loops over interim heads,
+ * the body and its end. Runs with u->depth raised; the caller checks dead.
+ */
+static void process_input(struct upstream *u)
+{
+	struct evbuffer *in = bufferevent_get_input(u->bev);
+	bool paused;
+
+	while (!u->dead && !u->read_paused && u->state == UP_ST_BUSY) {
+		switch (u->phase) {
+		case UP_PH_HEAD:
+			if (evbuffer_get_length(in) == 0)
+				return;
+			if (parse_some(u, in, &paused) < 0) {
+				up_fail(u, UPSTREAM_ERROR_PROTOCOL);
+				return;
+			}
+			if (!paused)
+				return;		/* head incomplete */
+			if (handle_head(u) < 0) {
+				up_fail(u, UPSTREAM_ERROR_PROTOCOL);
+				return;
+			}
+			if (!u->dead && u->phase == UP_PH_BODY &&
+			    u->body == BODY_NONE)
+				up_done(u);
+			break;
+		case UP_PH_BODY:
+			switch (u->body) {
+			case BODY_LENGTH: {
+				size_t n = evbuffer_get_length(in);
+
+				if (n > u->remaining)
+					n = (size_t)u->remaining;
+				u->remaining -= n;
+				up_body(u, in, n);
+				if (u->dead)
+					return;
+				if (u->remaining == 0) {
+					up_done(u);
+					break;
+				}
+				return;
+			}
+			case BODY_EOF:
+				up_body(u, in, evbuffer_get_length(in));
+				return;
+			case BODY_CHUNKED:
+				if (evbuffer_get_length(in) == 0)
+					return;
+				if (parse_some(u, in, &paused) < 0) {
+					up_fail(u, UPSTREAM_ERROR_PROTOCOL);
+					return;
+				}
+				flush_chunk(u);
+				if (u->dead)
+					return;
+				if (paused) {
+					up_done(u);
+					break;
+				}
+				return;
+			case BODY_NONE:
+				up_done(u);
+				break;
+			}
+			break;
+		case UP_PH_DONE:
+			return;
+		}
+	}
+}
+
+static void read_cb(struct bufferevent *bev, void *arg)
+{
+	struct upstream *u = arg;
+
+	if (u->state == UP_ST_IDLE) {
+		/* Bytes on an idle connection: the upstream is confused or
+		 * closing. Either way the connection cannot be reused. */
+		up_close(u);
+		return;
+	}
+	u->got_bytes = true;
+	u->depth++;
+	process_input(u);
+	up_leave(u);
+}
+
+static void write_cb(struct bufferevent *bev, void *arg)
+{
+	struct upstream *u = arg;
+
+	if (u->state != UP_ST_BUSY || u->cbs == NULL || u->cbs->on_drain == NULL)
+		return;
+	u->depth++;
+	u->cbs->on_drain(u->arg);
+	up_leave(u);
+}
+
+static void event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	struct upstream *u = arg;
+
+	if (what & BEV_EVENT_CONNECTED) {
+		evutil_socket_t fd = bufferevent_getfd(bev);
+		int one = 1;
+
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		u->state = UP_ST_BUSY;
+		return;
+	}
+	if (u->state == UP_ST_IDLE) {
+		up_close(u);	/* idle timeout or the upstream closed it */
+		return;
+	}
+	if (u->state == UP_ST_CONNECTING) {
+		if (what & BEV_EVENT_TIMEOUT) {
+			up_fail(u, UPSTREAM_ERROR_TIMEOUT);
+		} else {
+			log_warn("upstream %s:%s: connect failed: %s",
+				 u->pool->target.host, u->pool->target.port,
+				 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+			up_fail(u, UPSTREAM_ERROR_CONNECT);
+		}
+		return;
+	}
+	if (what & BEV_EVENT_TIMEOUT) {
+		up_fail(u, UPSTREAM_ERROR_TIMEOUT);
+		return;
+	}
+	/* EOF or error. A close-delimited body ends here; everything else
+	 * was cut short. Whatever is still buffered is processed first. */
+	u->depth++;
+	if (evbuffer_get_length(bufferevent_get_input(bev)) > 0 && !u->read_paused) {
+		u->got_bytes = true;
+		process_input(u);
+	}
+	if (up_leave(u))
+		return;
+	if (u->phase == UP_PH_BODY && u->body == BODY_EOF && (what & BEV_EVENT_EOF)) {
+		u->keep_alive = false;
+		u->depth++;
+		up_done(u);
+		if (up_leave(u))
+			return;
+		return;
+	}
+	if (u->phase == UP_PH_DONE)
+		return;		/* owner has yet to release; it will close */
+	up_fail(u, UPSTREAM_ERROR_RESET);
+}
+
+struct upstream_pool *upstream_pool_new(struct event_base *base,
+					const struct upstream_target *t)
+{
+	struct upstream_pool *p = calloc(1, sizeof(*p));
+	unsigned char buf[sizeof(struct in6_addr)];
+
+	if (p == NULL)
+		return NULL;
+	p->base = base;
+	p->target = *t;
+	p->literal = evutil_inet_pton(AF_INET, t->host, buf) == 1 ||
+		     evutil_inet_pton(AF_INET6, t->host, buf) == 1;
+	TAILQ_INIT(&p->idle);
+	return p;
+}
+
+void upstream_pool_close_idle(struct upstream_pool *p)
+{
+	while (!TAILQ_EMPTY(&p->idle))
+		up_close(TAILQ_FIRST(&p->idle));
+}
+
+void upstream_pool_free(struct upstream_pool *p)
+{
+	if (p == NULL)
+		return;
+	upstream_pool_close_idle(p);
+	if (p->resolving != NULL)
+		evdns_getaddrinfo_cancel(p->resolving);
+	if (p->dns != NULL)
+		evdns_base_free(p->dns, 1);
+	free(p);
+}
+
+static void set_timeouts(struct upstream *u, bool reading)
+{
+	bufferevent_set_timeouts(u->bev, reading ? &u->timeout : NULL,
+				 &u->timeout);
+}
+
+static struct upstream *up_connect(struct upstream_pool *p)
+{
+	struct upstream *u = calloc(1, sizeof(*u));
+
+	if (u == NULL)
+		return NULL;
+	u->pool = p;
+	u->chunk = evbuffer_new();
+	u->bev = bufferevent_socket_new(p->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	if (u->chunk == NULL || u->bev == NULL)
+		goto fail;
+	hdrlist_init(&u->headers);
+	bufferevent_setcb(u->bev, read_cb, write_cb, event_cb, u);
+	bufferevent_setwatermark(u->bev, EV_WRITE, UP_WRITE_LOW, 0);
+	u->state = UP_ST_CONNECTING;
+	return u;
+fail:
+	if (u->bev != NULL)
+		bufferevent_free(u->bev);
+	if (u->chunk != NULL)
+		evbuffer_free(u->chunk);
+	free(u);
+	return NULL;
+}
+
+struct upstream *upstream_acquire(struct upstream_pool *p,
+				  const struct upstream_cbs *cbs, void *arg,
+				  uint64_t timeout_ms, bool head, bool fresh)
+{
+	struct upstream *u = fresh ? NULL : TAILQ_FIRST(&p->idle);
+
+	if (u != NULL) {
+		TAILQ_REMOVE(&p->idle, u, idle_link);
+		p->nidle--;
+		u->state = UP_ST_BUSY;
+		u->reused = true;
+	} else {
+		u = up_connect(p);
+		if (u == NULL)
+			return NULL;
+		if (bufferevent_socket_connect(u->bev,
+				(struct sockaddr *)&p->target.addr,
+				(int)p->target.addrlen) < 0) {
+			/* Reported through event_cb on the next loop turn for
+			 * most errors; a hard failure here is fd exhaustion. */
+			log_warn("upstream: cannot connect: %s", strerror(errno));
+			bufferevent_free(u->bev);
+			evbuffer_free(u->chunk);
+			free(u);
+			return NULL;
+		}
+		u->reused = false;
+		metrics_gauge_add(GAUGE_upstream_connections, 1);
+	}
+	p->nbusy++;
+	u->cbs = cbs;
+	u->arg = arg;
+	u->head_request = head;
+	u->got_bytes = false;
+	u->keep_alive = false;
+	u->read_paused = false;
+	u->timeout.tv_sec = (time_t)(timeout_ms / 1000);
+	u->timeout.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
+	parser_reset(u);
+	set_timeouts(u, false);
+	bufferevent_enable(u->bev, EV_READ | EV_WRITE);
+	return u;
+}
+
+struct evbuffer *upstream_output(struct upstream *u)
+{
+	return bufferevent_get_output(u->bev);
+}
+
+size_t upstream_output_pending(struct upstream *u)
+{
+	return evbuffer_get_length(bufferevent_get_output(u->bev));
+}
+
+void upstream_request_sent(struct upstream *u)
+{
+	set_timeouts(u, true);
+}
+
+void upstream_pause_read(struct upstream *u, bool paused)
+{
+	if (u->read_paused == paused)
+		return;
+	u->read_paused = paused;
+	if (paused) {
+		bufferevent_disable(u->bev, EV_READ);
+		return;
+	}
+	bufferevent_enable(u->bev, EV_READ);
+	/* bytes may have arrived before the pause took effect */
+	if (evbuffer_get_length(bufferevent_get_input(u->bev)) > 0) {
+		u->depth++;
+		process_input(u);
+		up_leave(u);
+	}
+}
+
+void upstream_release(struct upstream *u)
+{
+	struct upstream_pool *p = u->pool;
+	struct timeval idle = { UP_IDLE_TIMEOUT_S, 0 };
+
+	u->cbs = NULL;
+	u->arg = NULL;
+	if (u->dead)
+		return;
+	if (u->phase != UP_PH_DONE || !u->keep_alive || u->read_paused ||
+	    evbuffer_get_length(bufferevent_get_input(u->bev)) > 0 ||
+	    evbuffer_get_length(bufferevent_get_output(u->bev)) > 0 ||
+	    p->nidle >= UP_MAX_IDLE) {
+		up_close(u);
+		return;
+	}
+	p->nbusy--;
+	u->state = UP_ST_IDLE;
+	TAILQ_INSERT_HEAD(&p->idle, u, idle_link);
+	p->nidle++;
+	hdrlist_reset(&u->headers);
+	bufferevent_set_timeouts(u->bev, &idle, NULL);
+	bufferevent_enable(u->bev, EV_READ);
+}
+
+void upstream_abort(struct upstream *u)
+{
+	u->cbs = NULL;
+	u->arg = NULL;
+	up_close(u);
+}

@@ -1,0 +1,245 @@
+/*
+ * worker.c - one thread, one event loop (see worker.h).
+ *
+ * The main thread talks to a worker only through two atomics (next_cfg,
+ * stop) and event_active() on w->notify; everything else in struct worker is
+ * touched by the worker's own thread alone.
+ */
+#include "worker.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <event2/listener.h>
+
+#include "config.h"
+#include "conn.h"
+#include "log.h"
+
+/* After accept() fails for lack of descriptors, try again this much later. */
+#define ACCEPT_RETRY_MS 100
+
+/* Free closed connections, then see whether the loop can end. */
+static void reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct conn *c;
+
+	while ((c = TAILQ_FIRST(&w->reap)) != NULL) {
+		conn_free(c);
+		w->nconns--;
+	}
+	if (w->listener_paused && !w->draining &&
+	    w->nconns < w->cfg->max_connections) {
+		w->listener_paused = false;
+		evconnlistener_enable(w->listener);
+	}
+	if (w->draining && w->nconns == 0)
+		event_base_loopexit(w->base, NULL);
+}
+
+void worker_reap_later(struct worker *w)
+{
+	event_active(w->reap_ev, EV_TIMEOUT, 1);
+}
+
+static void accept_cb(struct evconnlistener *l, evutil_socket_t fd,
+		      struct sockaddr *peer, int peerlen, void *arg)
+{
+	struct worker *w = arg;
+
+	if (conn_new(w, fd, peer, (socklen_t)peerlen) == NULL) {
+		log_warn("worker %d: cannot set up a connection", w->id);
+		return;
+	}
+	w->nconns++;
+	if (w->nconns >= w->cfg->max_connections && !w->listener_paused) {
+		log_warn("worker %d: max_connections (%d) reached, pausing accept",
+			 w->id, w->cfg->max_connections);
+		w->listener_paused = true;
+		evconnlistener_disable(l);
+	}
+}
+
+static void accept_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+
+	if (!w->draining && !w->listener_paused)
+		evconnlistener_enable(w->listener);
+}
+
+/* accept() failed (EMFILE, ENFILE, ENOBUFS): back off briefly instead of
+ * spinning on a listener that stays readable. */
+static void accept_error_cb(struct evconnlistener *l, void *arg)
+{
+	struct worker *w = arg;
+	struct timeval tv = { 0, ACCEPT_RETRY_MS * 1000 };
+	int err = EVUTIL_SOCKET_ERROR();
+
+	log_warn("worker %d: accept: %s", w->id,
+		 evutil_socket_error_to_string(err));
+	evconnlistener_disable(l);
+	evtimer_add(w->accept_retry, &tv);
+}
+
+static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct conn *c, *next;
+
+	log_warn("worker %d: drain timeout, closing %d connection(s)", w->id,
+		 w->nconns);
+	for (c = TAILQ_FIRST(&w->conns); c != NULL; c = next) {
+		next = conn_next(c);
+		conn_abort(c);
+	}
+	worker_reap_later(w);
+}
+
+/* SIGTERM: stop accepting, close idle connections, let the others finish
+ * within drain_timeout. */
+static void start_drain(struct worker *w)
+{
+	uint64_t ms = w->cfg->drain_timeout_ms;
+	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+	struct conn *c, *next;
+
+	if (w->draining)
+		return;
+	w->draining = true;
+	evconnlistener_free(w->listener);
+	w->listener = NULL;
+	evtimer_del(w->accept_retry);
+	for (c = TAILQ_FIRST(&w->conns); c != NULL; c = next) {
+		next = conn_next(c);
+		conn_drain(c);
+	}
+	upstream_pool_close_idle(w->pool);
+	evtimer_add(w->drain_timer, &tv);
+	worker_reap_later(w);
+}
+
+static void notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct config *cfg = atomic_exchange(&w->next_cfg, NULL);
+
+	if (cfg != NULL) {
+		config_unref(w->cfg);
+		w->cfg = cfg;
+	}
+	if (atomic_load(&w->stop))
+		start_drain(w);
+}
+
+int worker_init(struct worker *w, int id, struct config *cfg,
+		evutil_socket_t listen_fd, const struct upstream_target *t)
+{
+	memset(w, 0, sizeof(*w));
+	w->id = id;
+	w->listen_fd = listen_fd;
+	w->cfg = config_ref(cfg);
+	TAILQ_INIT(&w->conns);
+	TAILQ_INIT(&w->reap);
+	atomic_init(&w->next_cfg, NULL);
+	atomic_init(&w->stop, false);
+	w->base = event_base_new();
+	if (w->base == NULL)
+		goto fail;
+	w->pool = upstream_pool_new(w->base, t);
+	w->notify = event_new(w->base, -1, 0, notify_cb, w);
+	w->reap_ev = event_new(w->base, -1, 0, reap_cb, w);
+	w->drain_timer = evtimer_new(w->base, drain_timeout_cb, w);
+	w->accept_retry = evtimer_new(w->base, accept_retry_cb, w);
+	if (w->pool == NULL || w->notify == NULL || w->reap_ev == NULL ||
+	    w->drain_timer == NULL || w->accept_retry == NULL)
+		goto fail;
+	w->listener = evconnlistener_new(w->base, accept_cb, w,
+					 LEV_OPT_CLOSE_ON_FREE, -1, listen_fd);
+	if (w->listener == NULL)
+		goto fail;
+	w->listen_fd = -1;
+	evconnlistener_set_error_cb(w->listener, accept_error_cb);
+	return 0;
+fail:
+	log_error("worker %d: cannot set up its event loop", id);
+	return -1;
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+
+	event_base_dispatch(w->base);
+	if (w->done_fn != NULL)
+		w->done_fn(w, w->done_arg);
+	return NULL;
+}
+
+void worker_on_done(struct worker *w, worker_done_fn fn, void *arg)
+{
+	w->done_fn = fn;
+	w->done_arg = arg;
+}
+
+int worker_start(struct worker *w)
+{
+	if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+		log_error("worker %d: cannot start its thread", w->id);
+		return -1;
+	}
+	return 0;
+}
+
+void worker_post_config(struct worker *w, struct config *cfg)
+{
+	struct config *old = atomic_exchange(&w->next_cfg, config_ref(cfg));
+
+	if (old != NULL)
+		config_unref(old);
+	event_active(w->notify, EV_TIMEOUT, 1);
+}
+
+void worker_post_stop(struct worker *w)
+{
+	atomic_store(&w->stop, true);
+	event_active(w->notify, EV_TIMEOUT, 1);
+}
+
+void worker_join(struct worker *w)
+{
+	pthread_join(w->thread, NULL);
+}
+
+void worker_free(struct worker *w)
+{
+	struct config *pending = atomic_exchange(&w->next_cfg, NULL);
+	struct conn *c;
+
+	/* connections still open when the loop ended (drain timeout) */
+	while ((c = TAILQ_FIRST(&w->conns)) != NULL)
+		conn_abort(c);
+	while ((c = TAILQ_FIRST(&w->reap)) != NULL)
+		conn_free(c);
+	if (w->listener != NULL)
+		evconnlistener_free(w->listener);
+	if (w->listen_fd >= 0)
+		evutil_closesocket(w->listen_fd);
+	upstream_pool_free(w->pool);
+	if (w->notify != NULL)
+		event_free(w->notify);
+	if (w->reap_ev != NULL)
+		event_free(w->reap_ev);
+	if (w->drain_timer != NULL)
+		event_free(w->drain_timer);
+	if (w->accept_retry != NULL)
+		event_free(w->accept_retry);
+	if (w->base != NULL)
+		event_base_free(w->base);
+	if (pending != NULL)
+		config_unref(pending);
+	if (w->cfg != NULL)
+		config_unref(w->cfg);
+}

@@ -1,0 +1,71 @@
+/*
+ * worker.h - one event loop on one thread: its listener, its client
+ * connections and its upstream pool. Workers share nothing but the config
+ * (by reference), the metrics and, later, the idempotency store.
+ */
+#ifndef IDEMPROXY_WORKER_H
+#define IDEMPROXY_WORKER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <sys/queue.h>
+
+#include <event2/util.h>
+
+#include "upstream.h"
+
+#define MUSTCHECK __attribute__((warn_unused_result))
+
+struct config;
+struct conn;
+struct worker;
+
+/* Called on the worker's own thread when its loop has ended. */
+typedef void (*worker_done_fn)(struct worker *w, void *arg);
+
+TAILQ_HEAD(conn_list, conn);
+
+struct worker {
+	int id;
+	pthread_t thread;
+	struct event_base *base;
+	evutil_socket_t listen_fd;	/* bound and listening, made by main */
+	struct evconnlistener *listener;
+	struct upstream_pool *pool;
+	struct config *cfg;		/* this loop's current config (a ref) */
+
+	struct conn_list conns;		/* every open client connection */
+	struct conn_list reap;		/* closed, to be freed next turn */
+	int nconns;
+	bool listener_paused;		/* at max_connections */
+	bool draining;
+
+	struct event *notify;		/* main thread -> worker: see below */
+	struct event *reap_ev;
+	struct event *drain_timer;
+	struct event *accept_retry;
+	_Atomic(struct config *) next_cfg;	/* set by main on SIGHUP */
+	atomic_bool stop;			/* set by main on SIGTERM */
+	worker_done_fn done_fn;
+	void *done_arg;
+};
+
+/* Set up the loop; the listener fd is owned by the worker from now on. */
+int worker_init(struct worker *w, int id, struct config *cfg,
+		evutil_socket_t listen_fd, const struct upstream_target *t) MUSTCHECK;
+int worker_start(struct worker *w) MUSTCHECK;
+/* Thread-safe: hand a new config to the worker (takes a reference). */
+void worker_post_config(struct worker *w, struct config *cfg);
+/* Thread-safe: start draining; the thread ends when drained or timed out. */
+void worker_post_stop(struct worker *w);
+void worker_join(struct worker *w);
+void worker_free(struct worker *w);
+
+/* Set by main before starting workers, to be woken when a loop ends. */
+void worker_on_done(struct worker *w, worker_done_fn fn, void *arg);
+
+/* For conn.c: free the connections on w->reap on the next loop turn. */
+void worker_reap_later(struct worker *w);
+
+#endif

@@ -1,0 +1,129 @@
+"""Limits on the client side: header size (431), read time (408), idle
+keep-alive connections, --max-connections."""
+import time
+
+from conftest import RawConn, assert_problem, build_request, request, upstream_echo
+
+
+def test_head_larger_than_max_header_size(make_proxy, stub):
+    p = make_proxy("--max-header-size", "4KiB")
+    with RawConn(p.port) as c:
+        c.send(build_request("GET", "/big", [("X-Big", "v" * 5000)]))
+        r = c.read_response()
+        assert_problem(r, 431, "headers-too-large")
+        assert c.wait_closed(3)
+    # under the limit passes
+    r = request(p.port, "GET", "/small", [("X-Big", "v" * 3000)])
+    assert r.status == 200
+    assert upstream_echo(r)["hdict"]["x-big"] == ["v" * 3000]
+    assert stub.stats()["requests"] == 1
+
+
+def test_many_small_headers_count_towards_limit(make_proxy, stub):
+    p = make_proxy("--max-header-size", "4KiB")
+    headers = [(f"X-{i}", "v" * 40) for i in range(200)]
+    with RawConn(p.port) as c:
+        c.send(build_request("GET", "/many", headers))
+        assert_problem(c.read_response(), 431, "headers-too-large")
+    assert stub.stats()["requests"] == 0
+
+
+def test_long_request_target_counts_towards_limit(make_proxy, stub):
+    p = make_proxy("--max-header-size", "4KiB")
+    with RawConn(p.port) as c:
+        c.send(build_request("GET", "/" + "a" * 6000))
+        assert_problem(c.read_response(), 431, "headers-too-large")
+    assert stub.stats()["requests"] == 0
+
+
+def test_default_max_header_size_is_32k(proxy, stub):
+    r = request(proxy.port, "GET", "/ok", [("X-Big", "v" * 16000)])
+    assert r.status == 200
+    with RawConn(proxy.port) as c:
+        c.send(build_request("GET", "/big", [("X-Big", "v" * 40000)]))
+        assert_problem(c.read_response(), 431, "headers-too-large")
+    assert stub.stats()["requests"] == 1
+
+
+def test_head_arriving_slowly_gets_408(make_proxy, stub):
+    p = make_proxy("--client-timeout", "500ms")
+    with RawConn(p.port) as c:
+        t0 = time.monotonic()
+        c.send(b"GET /slow HTTP/1.1\r\nHost: a\r\nX-Partial: ")
+        r = c.read_response()
+        elapsed = time.monotonic() - t0
+        assert_problem(r, 408, "request-timeout")
+        assert 0.3 <= elapsed < 3.0, elapsed
+        assert "close" in r.connection_tokens()
+        assert c.wait_closed(3)
+    assert stub.stats()["requests"] == 0
+
+
+def test_head_dribbled_past_timeout_gets_408(make_proxy, stub):
+    """The timeout bounds the whole head (slowloris), not each byte gap: a
+    head that keeps dribbling past the timeout still gets 408."""
+    p = make_proxy("--client-timeout", "800ms")
+    with RawConn(p.port) as c:
+        t0 = time.monotonic()
+        c.send(b"GET /slow HTTP/1.1\r\nHost: a\r\n")
+        try:
+            for _ in range(40):
+                c.send(b"X-A: b\r\n")
+                time.sleep(0.1)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        r = c.read_response()
+        assert_problem(r, 408, "request-timeout")
+        assert time.monotonic() - t0 < 3.5
+    assert stub.stats()["requests"] == 0
+
+
+def test_body_read_gap_gets_408_and_close(make_proxy, stub):
+    p = make_proxy("--client-timeout", "500ms")
+    with RawConn(p.port) as c:
+        c.send(build_request("POST", "/body", [("Content-Length", "10")])
+               + b"12345")
+        t0 = time.monotonic()
+        r = c.read_response(allow_truncated=True)
+        assert r.status == 408, r
+        assert time.monotonic() - t0 < 3.0
+        assert c.wait_closed(3)
+    # the upstream never saw a complete request
+    assert stub.stats()["requests"] == 0
+
+
+def test_idle_keepalive_connection_closed(make_proxy):
+    p = make_proxy("--idle-timeout", "500ms")
+    with RawConn(p.port) as c:
+        assert c.request("GET", "/").status == 200
+        t0 = time.monotonic()
+        assert c.wait_closed(5), "idle connection not closed"
+        assert time.monotonic() - t0 >= 0.3
+        assert c.buf == b"", f"unexpected bytes on idle close: {c.buf!r}"
+
+
+def test_slow_but_steady_client_within_idle_timeout(make_proxy):
+    p = make_proxy("--idle-timeout", "1s", "--client-timeout", "1s")
+    with RawConn(p.port) as c:
+        for i in range(4):
+            assert c.request("GET", f"/s/{i}").status == 200
+            time.sleep(0.4)
+
+
+def test_max_connections_pauses_accept(make_proxy, stub):
+    p = make_proxy("--max-connections", "2")
+    a, b = RawConn(p.port), RawConn(p.port)
+    try:
+        assert a.request("GET", "/a").status == 200
+        assert b.request("GET", "/b").status == 200
+        with RawConn(p.port, timeout=5) as c:
+            c.send(build_request("GET", "/c"))
+            # not served while two connections are open
+            assert not c.wait_closed(0.7)
+            assert c.buf == b""
+            a.close()
+            r = c.read_response()
+            assert upstream_echo(r)["target"] == "/c"
+    finally:
+        a.close()
+        b.close()
