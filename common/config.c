@@ -1019,7 +1019,8 @@ static int read_flags(struct build *b, int argc, char **argv, char *err,
 		snprintf(label, sizeof(label), "--%.*s", (int)n, name);
 		if (eq != NULL) {
 			v = eq + 1;
-		} else if (o != NULL && o->type == OPT_BOOL) {
+		} else if (o != NULL && o->type == OPT_BOOL &&
+			   (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
 			v = "yes";	/* --require-key alone */
 		} else if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
 			/* no value of ours starts with "--": a forgotten value */

@@ -1,0 +1,31 @@
+#!/bin/sh
+# The test command (README, .ci/run): install what is needed, build under
+# AddressSanitizer + UndefinedBehaviorSanitizer with warnings as errors, run
+# every suite (unit tests in C, integration tests in pytest against the real
+# binary), and end with one "N passed, N failed" line. Exit status is
+# non-zero on any failure or sanitizer report.
+set -eu
+cd "$(dirname "$0")/.."
+
+./deploy/install-deps.sh
+
+BUILD=${IDEMPROXY_TEST_BUILD:-build-test}
+if [ ! -f "$BUILD/build.ninja" ]; then
+  meson setup "$BUILD" \
+    -Dbuildtype=debugoptimized \
+    -Db_sanitize=address,undefined \
+    -Dc_args=-fno-sanitize-recover=all \
+    -Dwerror=true
+fi
+meson compile -C "$BUILD"
+
+# Sanitizer reports end the process with an error; the integration tests
+# also scan every process's stderr for them.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
+
+status=0
+meson test -C "$BUILD" --print-errorlogs --num-processes 2 || status=$?
+
+/usr/bin/python3 tests/support/summary.py "$BUILD/meson-logs/testlog.json" || status=1
+exit $status
