@@ -401,8 +401,16 @@ static void test_values(void)
 	}
 	fails(ARGS("--upstream", "http://u"), ENV("IDEMPROXY_REQUIRE_KEY=maybe"),
 	      "IDEMPROXY_REQUIRE_KEY: invalid boolean \"maybe\"", "bad boolean");
-	fails(ARGS("--upstream", "http://u", "--require-key", "yes"), NOENV,
-	      "unexpected argument \"yes\"", "bool takes no separate value");
+	c = parses(ARGS("--upstream", "http://u", "--require-key", "no"), NOENV,
+		   "bool with a separate value");
+	ok(c && !c->require_key, "--require-key no is false");
+	config_unref(c);
+	c = parses(ARGS("--upstream", "http://u", "--require-key", "--ttl", "5m"),
+		   NOENV, "bool followed by a flag");
+	ok(c && c->require_key, "--require-key before another flag is true");
+	config_unref(c);
+	fails(ARGS("--upstream", "http://u", "--require-key", "perhaps"), NOENV,
+	      "--require-key: invalid boolean \"perhaps\"", "bad separate value");
 
 	c = parses(ARGS("--upstream=http://u", "--listen=0.0.0.0:80", "--ttl=5m",
 			"--in-flight=reject", "--store-down", "fail-open",
