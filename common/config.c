@@ -228,6 +228,11 @@ static const struct config_opt options[] = {
 	  .off = F(max_connections), .def = "10000", .metavar = "N", .min = 1,
 	  .max = 1000000,
 	  .help = "client connections per worker; accepting pauses beyond" },
+	{ .name = "memory-max-bytes", .type = OPT_SIZE,
+	  .off = F(memory_max_bytes), .def = "256MiB", .metavar = "SIZE",
+	  .min = MIB, .max = (uint64_t)64 * 1024 * MIB,
+	  .help = "memory store: records and responses together; beyond, new "
+		  "keys get the store-down policy" },
 };
 
 #define NOPTS (sizeof(options) / sizeof(options[0]))

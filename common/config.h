@@ -88,6 +88,7 @@ struct config {
 	uint64_t idle_timeout_ms;	/* idle keep-alive client connection */
 	uint64_t max_header_size;	/* request line + headers: 431 */
 	int max_connections;		/* per worker; accept pauses beyond */
+	uint64_t memory_max_bytes;	/* memory store bound */
 
 	/* private: what was parsed, kept so that SIGHUP can re-apply it */
 	int argc;

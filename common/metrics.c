@@ -6,21 +6,49 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-/* Upper bounds in seconds; the last bucket is +Inf. */
-static const double upstream_buckets[] = {
+/* Upper bounds in seconds, shared by every histogram; then +Inf. */
+static const double buckets[] = {
 	0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 	1, 2.5, 5, 10, 30,
 };
-#define NBUCKETS (sizeof(upstream_buckets) / sizeof(upstream_buckets[0]))
+#define NBUCKETS (sizeof(buckets) / sizeof(buckets[0]))
+
+struct histo {
+	atomic_ulong bucket[NBUCKETS + 1];
+	atomic_ulong sum_us;
+};
 
 static struct {
 	atomic_ulong outcomes[OUTCOME_COUNT];
 	atomic_ulong client_errors[CLIENT_ERROR_COUNT];
 	atomic_ulong upstream_errors[UPSTREAM_ERROR_COUNT];
 	atomic_long gauges[GAUGE_COUNT];
-	atomic_ulong upstream_bucket[NBUCKETS + 1];
-	atomic_ulong upstream_sum_us;
+	atomic_ulong counters[COUNTER_COUNT];
+	atomic_ulong store_errors[STORE_KIND_COUNT];
+	struct histo histograms[HISTOGRAM_COUNT];
 } m;
+
+static const char *const store_kind_names[] = {
+#define X(name, label) label,
+	STORE_KIND_LIST(X)
+#undef X
+};
+
+static const struct {
+	const char *name, *help;
+} counters[] = {
+#define X(name, help) { #name, help },
+	COUNTER_LIST(X)
+#undef X
+};
+
+static const struct {
+	const char *name, *help;
+} histograms[] = {
+#define X(name, help) { #name, help },
+	HISTOGRAM_LIST(X)
+#undef X
+};
 
 static const char *const outcome_names[] = {
 #define X(name, label) label,
@@ -68,15 +96,27 @@ void metrics_gauge_add(enum gauge g, long delta)
 	atomic_fetch_add_explicit(&m.gauges[g], delta, memory_order_relaxed);
 }
 
-void metrics_upstream_observe(double seconds)
+void metrics_count(enum counter c)
 {
+	atomic_fetch_add_explicit(&m.counters[c], 1, memory_order_relaxed);
+}
+
+void metrics_store_error(enum store_kind k)
+{
+	atomic_fetch_add_explicit(&m.store_errors[k], 1, memory_order_relaxed);
+}
+
+void metrics_observe(enum histogram h, double seconds)
+{
+	struct histo *hg = &m.histograms[h];
 	size_t i = 0;
 
-	while (i < NBUCKETS && seconds > upstream_buckets[i])
+	if (seconds < 0)
+		seconds = 0;
+	while (i < NBUCKETS && seconds > buckets[i])
 		i++;
-	atomic_fetch_add_explicit(&m.upstream_bucket[i], 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&m.upstream_sum_us,
-				  (unsigned long)(seconds * 1e6),
+	atomic_fetch_add_explicit(&hg->bucket[i], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&hg->sum_us, (unsigned long)(seconds * 1e6),
 				  memory_order_relaxed);
 }
 
@@ -97,8 +137,6 @@ static unsigned long load(atomic_ulong *v)
 
 void metrics_render(FILE *out)
 {
-	unsigned long cum = 0;
-
 	fprintf(out, "# HELP idemproxy_requests_total Requests by outcome.\n"
 		"# TYPE idemproxy_requests_total counter\n");
 	for (int i = 0; i < OUTCOME_COUNT; i++)
@@ -125,17 +163,33 @@ void metrics_render(FILE *out)
 			gauges[i].name, gauges[i].name,
 			atomic_load_explicit(&m.gauges[i], memory_order_relaxed));
 
-	fprintf(out, "# HELP idemproxy_upstream_seconds Time from issuing a "
-		"request upstream to the end of its response.\n"
-		"# TYPE idemproxy_upstream_seconds histogram\n");
-	for (size_t i = 0; i < NBUCKETS; i++) {
-		cum += load(&m.upstream_bucket[i]);
-		fprintf(out, "idemproxy_upstream_seconds_bucket{le=\"%g\"} %lu\n",
-			upstream_buckets[i], cum);
+	for (int i = 0; i < COUNTER_COUNT; i++)
+		fprintf(out, "# HELP idemproxy_%s %s\n# TYPE idemproxy_%s counter\n"
+			"idemproxy_%s %lu\n", counters[i].name, counters[i].help,
+			counters[i].name, counters[i].name, load(&m.counters[i]));
+
+	fprintf(out, "# HELP idemproxy_store_errors_total Store calls that "
+		"failed, by store.\n"
+		"# TYPE idemproxy_store_errors_total counter\n");
+	for (int i = 0; i < STORE_KIND_COUNT; i++)
+		fprintf(out, "idemproxy_store_errors_total{store=\"%s\"} %lu\n",
+			store_kind_names[i], load(&m.store_errors[i]));
+
+	for (int h = 0; h < HISTOGRAM_COUNT; h++) {
+		const char *name = histograms[h].name;
+		struct histo *hg = &m.histograms[h];
+		unsigned long cum = 0;
+
+		fprintf(out, "# HELP idemproxy_%s %s\n# TYPE idemproxy_%s histogram\n",
+			name, histograms[h].help, name);
+		for (size_t i = 0; i < NBUCKETS; i++) {
+			cum += load(&hg->bucket[i]);
+			fprintf(out, "idemproxy_%s_bucket{le=\"%g\"} %lu\n", name,
+				buckets[i], cum);
+		}
+		cum += load(&hg->bucket[NBUCKETS]);
+		fprintf(out, "idemproxy_%s_bucket{le=\"+Inf\"} %lu\n"
+			"idemproxy_%s_sum %.6f\nidemproxy_%s_count %lu\n",
+			name, cum, name, load(&hg->sum_us) / 1e6, name, cum);
 	}
-	cum += load(&m.upstream_bucket[NBUCKETS]);
-	fprintf(out, "idemproxy_upstream_seconds_bucket{le=\"+Inf\"} %lu\n"
-		"idemproxy_upstream_seconds_sum %.6f\n"
-		"idemproxy_upstream_seconds_count %lu\n",
-		cum, load(&m.upstream_sum_us) / 1e6, cum);
 }

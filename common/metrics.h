@@ -61,7 +61,46 @@ enum upstream_error {
 /* Gauges: name, help. */
 #define GAUGE_LIST(X) \
 	X(connections,          "Open client connections.") \
-	X(upstream_connections, "Open connections to the upstream, busy or idle.")
+	X(upstream_connections, "Open connections to the upstream, busy or idle.") \
+	X(in_flight,            "Keyed requests this process is executing upstream.")
+
+/* Plain counters: name, help. */
+#define COUNTER_LIST(X) \
+	X(redis_hits_total,        "Replays answered from Redis without PostgreSQL.") \
+	X(completion_retries_total, "Completion or release writes retried after a store error.") \
+	X(completion_failures_total, "Completions or releases given up; the lease resolves the key.")
+
+enum counter {
+#define X(name, help) COUNTER_##name,
+	COUNTER_LIST(X)
+#undef X
+	COUNTER_COUNT
+};
+
+/* Stores whose errors are counted separately. */
+#define STORE_KIND_LIST(X) \
+	X(MEMORY,   "memory") \
+	X(POSTGRES, "postgres") \
+	X(REDIS,    "redis")
+
+enum store_kind {
+#define X(name, label) STORE_KIND_##name,
+	STORE_KIND_LIST(X)
+#undef X
+	STORE_KIND_COUNT
+};
+
+/* Histograms (seconds): name, help. */
+#define HISTOGRAM_LIST(X) \
+	X(upstream_seconds, "Time from issuing a request upstream to the end of its response.") \
+	X(wait_seconds,     "Time duplicates waited for the first request to settle.")
+
+enum histogram {
+#define X(name, help) HISTOGRAM_##name,
+	HISTOGRAM_LIST(X)
+#undef X
+	HISTOGRAM_COUNT
+};
 
 enum gauge {
 #define X(name, help) GAUGE_##name,
@@ -74,8 +113,9 @@ void metrics_outcome(enum outcome o);
 void metrics_client_error(enum client_error e);
 void metrics_upstream_error(enum upstream_error e);
 void metrics_gauge_add(enum gauge g, long delta);
-/* One upstream exchange took this long (request issued to response end). */
-void metrics_upstream_observe(double seconds);
+void metrics_count(enum counter c);
+void metrics_store_error(enum store_kind k);
+void metrics_observe(enum histogram h, double seconds);
 
 const char *outcome_name(enum outcome o);
 const char *upstream_error_name(enum upstream_error e);

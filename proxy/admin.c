@@ -14,9 +14,11 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "store.h"
 
 struct admin {
 	struct evhttp *http;
+	struct store *store;
 	bool draining;
 };
 
@@ -60,6 +62,9 @@ static void handle(struct evhttp_request *req, void *arg)
 		if (a->draining)
 			reply_text(req, 503, "Service Unavailable", "text/plain",
 				   "draining\n", 9);
+		else if (!store_ready(a->store))
+			reply_text(req, 503, "Service Unavailable", "text/plain",
+				   "store unavailable\n", 18);
 		else
 			reply_text(req, 200, "OK", "text/plain", "ready\n", 6);
 	} else if (strcmp(path, "/metrics") == 0) {
@@ -78,12 +83,14 @@ static void handle(struct evhttp_request *req, void *arg)
 }
 
 struct admin *admin_new(struct event_base *base, const char *host,
-			const char *port, char *err, size_t errlen)
+			const char *port, struct store *store, char *err,
+			size_t errlen)
 {
 	struct admin *a = calloc(1, sizeof(*a));
 
 	if (a == NULL)
 		goto fail;
+	a->store = store;
 	a->http = evhttp_new(base);
 	if (a->http == NULL)
 		goto fail;

@@ -46,6 +46,9 @@
 #include <llhttp.h>
 
 #include "config.h"
+#include "fingerprint.h"
+#include "idem.h"
+#include "idemkey.h"
 #include "httphdr.h"
 #include "log.h"
 #include "metrics.h"
@@ -67,6 +70,8 @@ enum conn_state {
 	CONN_ST_IDLE,		/* keep-alive: waiting for a request's first byte */
 	CONN_ST_READ_HEAD,	/* request line and header fields arriving */
 	CONN_ST_DECIDE,		/* head complete, parser paused, deciding */
+	CONN_ST_BODY,		/* keyed: buffering the body to fingerprint it */
+	CONN_ST_CLAIM,		/* keyed: the engine claims, waits, decides */
 	CONN_ST_FORWARD,	/* exchange with the upstream under way */
 	CONN_ST_RESPOND,	/* a response of the proxy's own is queued */
 	CONN_ST_CLOSING,	/* flushing the output, then closing */
@@ -75,8 +80,8 @@ enum conn_state {
 };
 
 static const char *const state_names[] = {
-	"idle", "read_head", "decide", "forward", "respond", "closing",
-	"linger", "closed",
+	"idle", "read_head", "decide", "body", "claim", "forward", "respond",
+	"closing", "linger", "closed",
 };
 
 struct conn {
@@ -106,7 +111,15 @@ struct conn {
 	bool client_paused;		/* reading stopped: upstream is full */
 	bool client_eof;		/* the client half-closed after sending */
 
-	struct upstream *up;		/* the current exchange, or NULL */
+	/* keyed requests (DESIGN.md §1 items 2-10) */
+	bool keyed;			/* the engine decides this request */
+	char key[IDEMKEY_MAX + 1];
+	struct evbuffer *body;		/* the buffered body while BODY */
+	bool body_too_large;
+	bool expect_answered;		/* we sent 100 Continue ourselves */
+	struct idem *idem;		/* the engine's handle, or NULL */
+
+	struct upstream *up;		/* a pass-through exchange, or NULL */
 	struct timespec up_start;
 	bool retried;			/* one retry on a stale pooled connection */
 	bool resp_started;		/* final response head sent to client */
@@ -119,6 +132,8 @@ struct conn {
 
 static void conn_parse(struct conn *c);
 static void pump_body(struct conn *c);
+static void decide(struct conn *c);
+static void answer_upstream_error(struct conn *c, enum upstream_error err);
 static void end_request(struct conn *c);
 static void conn_close(struct conn *c, const char *reason);
 
@@ -135,8 +150,10 @@ static void conn_set_state(struct conn *c, enum conn_state next)
 			1u << CONN_ST_CLOSING,
 		[CONN_ST_READ_HEAD] = 1u << CONN_ST_DECIDE |
 			1u << CONN_ST_RESPOND | 1u << CONN_ST_CLOSING,
-		[CONN_ST_DECIDE] = 1u << CONN_ST_FORWARD | 1u << CONN_ST_RESPOND |
-			1u << CONN_ST_CLOSING,
+		[CONN_ST_DECIDE] = 1u << CONN_ST_FORWARD | 1u << CONN_ST_BODY |
+			1u << CONN_ST_RESPOND | 1u << CONN_ST_CLOSING,
+		[CONN_ST_BODY] = 1u << CONN_ST_CLAIM | 1u << CONN_ST_RESPOND,
+		[CONN_ST_CLAIM] = 1u << CONN_ST_FORWARD | 1u << CONN_ST_RESPOND,
 		[CONN_ST_FORWARD] = 1u << CONN_ST_RESPOND | 1u << CONN_ST_IDLE |
 			1u << CONN_ST_CLOSING,
 		[CONN_ST_RESPOND] = 1u << CONN_ST_IDLE | 1u << CONN_ST_CLOSING,
@@ -270,6 +287,10 @@ static void conn_close(struct conn *c, const char *reason)
 		upstream_abort(c->up);
 		c->up = NULL;
 	}
+	if (c->idem != NULL) {
+		idem_detach(c->idem);	/* a winner goes on without us */
+		c->idem = NULL;
+	}
 	evtimer_del(c->timer);
 	event_del(c->kick);
 	bufferevent_disable(c->bev, EV_READ | EV_WRITE);
@@ -294,6 +315,8 @@ void conn_free(struct conn *c)
 	event_free(c->timer);
 	event_free(c->kick);
 	hdrlist_free(&c->req);
+	if (c->body != NULL)
+		evbuffer_free(c->body);
 	free(c->url);
 	free(c);
 	metrics_gauge_add(GAUGE_connections, -1);
@@ -324,6 +347,13 @@ static void reset_request(struct conn *c)
 	c->resp_chunked = false;
 	c->resp_done = false;
 	c->outcome = OUTCOME_PASSTHROUGH;
+	c->keyed = false;
+	c->body_too_large = false;
+	c->expect_answered = false;
+	if (c->body != NULL) {
+		evbuffer_free(c->body);
+		c->body = NULL;
+	}
 	llhttp_init(&c->parser, HTTP_REQUEST, c->parser.settings);
 	c->parser.data = c;
 }
@@ -448,12 +478,20 @@ static int on_headers_complete(llhttp_t *p)
 	return HPE_PAUSED;
 }
 
-/* Chunked request bodies only: re-chunk for the upstream. */
+/* Chunked request bodies only: buffer a keyed one, re-chunk the others
+ * for the upstream. */
 static int on_body(llhttp_t *p, const char *at, size_t len)
 {
 	struct conn *c = p->data;
 	struct evbuffer *out;
 
+	if (c->state == CONN_ST_BODY) {
+		if (evbuffer_get_length(c->body) + len > c->cfg->max_body) {
+			c->body_too_large = true;
+			return -1;
+		}
+		return evbuffer_add(c->body, at, len) < 0 ? -1 : 0;
+	}
 	if (c->up == NULL)
 		return 0;	/* answered already; swallow the rest */
 	out = upstream_output(c->up);
@@ -507,7 +545,12 @@ static int feed_parser(struct conn *c)
 			evbuffer_drain(in, used);
 			return 1;
 		default:
-			if (c->head_failed) {
+			if (c->body_too_large) {
+				c->outcome = OUTCOME_TOO_LARGE;
+				respond_problem(c, PROBLEM_BODY_TOO_LARGE,
+						"the request body is larger than max_body",
+						true);
+			} else if (c->head_failed) {
 				refuse(c, c->head_problem,
 				       CLIENT_ERROR_HEADERS_TOO_LARGE,
 				       "the request head is larger than max_header_size");
@@ -565,10 +608,14 @@ static const char *origin_target(struct conn *c)
 	return NULL;
 }
 
-/* Write the request head for the upstream. */
-static void write_request_head(struct conn *c, const char *target)
+/*
+ * Write the request head for the upstream into out. A keyed request goes
+ * with its buffered body: Content-Length body_len, and no Expect (the proxy
+ * answered it).
+ */
+static void write_request_head(struct conn *c, struct evbuffer *out,
+			       const char *target, bool keyed, size_t body_len)
 {
-	struct evbuffer *out = upstream_output(c->up);
 	const struct hdrlist *h = &c->req;
 	int host = hdrlist_find(h, "host", 0);
 
@@ -580,7 +627,9 @@ static void write_request_head(struct conn *c, const char *target)
 	for (uint32_t i = 0; i < h->n; i++) {
 		if (httphdr_drop_on_forward(h, i) ||
 		    (h->v[i].name_len == 15 &&
-		     strcasecmp(hdr_name(h, i), "x-forwarded-for") == 0))
+		     strcasecmp(hdr_name(h, i), "x-forwarded-for") == 0) ||
+		    (keyed && h->v[i].name_len == 6 &&
+		     strcasecmp(hdr_name(h, i), "expect") == 0))
 			continue;
 		evbuffer_add(out, hdr_name(h, i), h->v[i].name_len);
 		evbuffer_add(out, ": ", 2);
@@ -596,6 +645,12 @@ static void write_request_head(struct conn *c, const char *target)
 	if (host >= 0 && hdrlist_find(h, "x-forwarded-host", 0) < 0)
 		evbuffer_add_printf(out, "X-Forwarded-Host: %s\r\n",
 				    hdr_value(h, (uint32_t)host));
+	if (keyed) {
+		if (c->req_body != BODY_NONE)
+			evbuffer_add_printf(out, "Content-Length: %zu\r\n", body_len);
+		evbuffer_add(out, "\r\n", 2);
+		return;
+	}
 	switch (c->req_body) {
 	case BODY_LENGTH:
 		/* called before pump_body moved anything: the full length */
@@ -628,7 +683,7 @@ static int start_exchange(struct conn *c, bool fresh)
 	if (c->up == NULL)
 		return -1;
 	clock_gettime(CLOCK_MONOTONIC, &c->up_start);
-	write_request_head(c, target);
+	write_request_head(c, upstream_output(c->up), target, false, 0);
 	return 0;
 }
 
@@ -725,7 +780,7 @@ static bool request_keep_alive(struct conn *c)
 
 /*
  * The head is complete and the parser paused. Check what llhttp leaves to
- * us, then decide what to do with the request: today, forward it.
+ * us, then decide what to do with the request.
  */
 static void head_complete(struct conn *c)
 {
@@ -775,7 +830,7 @@ static void head_complete(struct conn *c)
 		llhttp_init(p, HTTP_REQUEST, &parser_settings);
 		p->data = c;
 	}
-	conn_forward(c);
+	decide(c);
 }
 
 /* Parse what the client sent while no exchange is in progress. */
@@ -797,9 +852,9 @@ static void conn_parse(struct conn *c)
 
 /* ---- upstream callbacks ---------------------------------------------- */
 
-static void up_on_head(void *arg, const struct upstream_resp *r)
+/* Write a response head (interim or final) from the upstream. */
+static void client_head(struct conn *c, const struct upstream_resp *r)
 {
-	struct conn *c = arg;
 	struct evbuffer *out = bufferevent_get_output(c->bev);
 	const struct hdrlist *h = r->headers;
 	bool interim = r->status < 200;
@@ -845,9 +900,10 @@ static void up_on_head(void *arg, const struct upstream_resp *r)
 	evbuffer_add(out, "\r\n", 2);
 }
 
-static void up_on_body(void *arg, struct evbuffer *src, size_t len)
+/* Move len body bytes to the client. Returns true when its output is
+ * full and the upstream should stop reading. */
+static bool client_body(struct conn *c, struct evbuffer *src, size_t len)
 {
-	struct conn *c = arg;
 	struct evbuffer *out = bufferevent_get_output(c->bev);
 
 	if (c->resp_chunked)
@@ -855,7 +911,26 @@ static void up_on_body(void *arg, struct evbuffer *src, size_t len)
 	evbuffer_remove_buffer(src, out, len);
 	if (c->resp_chunked)
 		evbuffer_add(out, "\r\n", 2);
-	if (evbuffer_get_length(out) > CONN_HIGH)
+	return evbuffer_get_length(out) > CONN_HIGH;
+}
+
+static void client_done(struct conn *c)
+{
+	if (c->resp_chunked)
+		evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
+	c->resp_done = true;
+}
+
+static void up_on_head(void *arg, const struct upstream_resp *r)
+{
+	client_head(arg, r);
+}
+
+static void up_on_body(void *arg, struct evbuffer *src, size_t len)
+{
+	struct conn *c = arg;
+
+	if (client_body(c, src, len))
 		upstream_pause_read(c->up, true);
 }
 
@@ -863,10 +938,8 @@ static void up_on_done(void *arg)
 {
 	struct conn *c = arg;
 
-	if (c->resp_chunked)
-		evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
-	metrics_upstream_observe(elapsed_since(&c->up_start));
-	c->resp_done = true;
+	client_done(c);
+	metrics_observe(HISTOGRAM_upstream_seconds, elapsed_since(&c->up_start));
 	if (!c->req_done) {
 		/* The upstream answered before reading the whole body. The
 		 * connection cannot carry another request. */
@@ -899,6 +972,12 @@ static void up_on_error(void *arg, enum upstream_error err, bool retryable)
 	log_warn("conn %s: upstream %s on %s %s", c->peer,
 		 upstream_error_name(err),
 		 llhttp_method_name((llhttp_method_t)c->method), c->url);
+	answer_upstream_error(c, err);
+}
+
+/* 502 or 504 for a failed exchange (or a cut connection mid-response). */
+static void answer_upstream_error(struct conn *c, enum upstream_error err)
+{
 	if (err == UPSTREAM_ERROR_TIMEOUT)
 		respond_problem(c, PROBLEM_UPSTREAM_TIMEOUT,
 				"the upstream did not answer in time", false);
@@ -926,6 +1005,250 @@ static const struct upstream_cbs up_cbs = {
 	.on_drain = up_on_drain,
 };
 
+/* ---- keyed requests: the idempotency engine's client side -------------- */
+
+/* Answer with a problem and count the request's outcome. */
+static void answer(struct conn *c, enum problem p, const char *detail,
+		   enum outcome o)
+{
+	c->outcome = o;
+	respond_problem(c, p, detail, false);
+}
+
+/* evbuffer_add_reference's cleanup: the replay has been written out. */
+static void unref_stored(const void *data, size_t len, void *extra)
+{
+	stored_response_unref(extra);
+}
+
+static void sink_replay(void *client, struct stored_response *r)
+{
+	struct conn *c = client;
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+
+	c->idem = NULL;
+	c->outcome = OUTCOME_REPLAYED;
+	if (!c->keep_alive || c->draining)
+		c->close_after = true;
+	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", r->status,
+			    http_reason(r->status));
+	evbuffer_add(out, r->head, r->head_len);
+	if (c->method == HTTP_HEAD || r->status == 204 || r->status == 304 ||
+	    r->status < 200)
+		evbuffer_add(out, "Idempotent-Replayed: true\r\n", 27);
+	else
+		evbuffer_add_printf(out, "Content-Length: %zu\r\n"
+				    "Idempotent-Replayed: true\r\n", r->body_len);
+	if (c->close_after)
+		evbuffer_add(out, "Connection: close\r\n", 19);
+	else if (c->http_minor == 0)
+		evbuffer_add(out, "Connection: keep-alive\r\n", 24);
+	evbuffer_add(out, "\r\n", 2);
+	/* one stored body, shared by every replay in progress */
+	if (r->body_len > 0 && c->method != HTTP_HEAD &&
+	    evbuffer_add_reference(out, r->body, r->body_len, unref_stored,
+				   stored_response_ref(r)) < 0)
+		stored_response_unref(r);
+	c->resp_started = true;
+	c->resp_done = true;
+	conn_set_state(c, CONN_ST_RESPOND);
+	end_request(c);
+}
+
+static void sink_problem(void *client, enum problem p, const char *detail,
+			 enum outcome o)
+{
+	struct conn *c = client;
+
+	c->idem = NULL;
+	answer(c, p, detail, o);
+}
+
+static void sink_forwarding(void *client, enum outcome o)
+{
+	struct conn *c = client;
+
+	c->outcome = o;
+	conn_set_state(c, CONN_ST_FORWARD);
+}
+
+static void sink_head(void *client, const struct upstream_resp *r)
+{
+	client_head(client, r);
+}
+
+static bool sink_body(void *client, struct evbuffer *src, size_t len)
+{
+	return client_body(client, src, len);
+}
+
+static void sink_done(void *client)
+{
+	struct conn *c = client;
+
+	c->idem = NULL;
+	client_done(c);
+	end_request(c);
+}
+
+static void sink_failed(void *client, enum upstream_error err)
+{
+	struct conn *c = client;
+
+	c->idem = NULL;
+	answer_upstream_error(c, err);
+}
+
+static const struct idem_sink conn_sink = {
+	.replay = sink_replay,
+	.problem = sink_problem,
+	.forwarding = sink_forwarding,
+	.head = sink_head,
+	.body = sink_body,
+	.done = sink_done,
+	.failed = sink_failed,
+};
+
+/* The body is buffered: fingerprint it and hand the request to the engine. */
+static void start_claim(struct conn *c)
+{
+	struct evbuffer_iovec v[64], *iov = v;
+	struct idem_request req = { 0 };
+	size_t body_len = evbuffer_get_length(c->body);
+	int n;
+
+	c->req_done = true;
+	set_read_timeout(c, 0);
+	conn_set_state(c, CONN_ST_CLAIM);
+	n = evbuffer_peek(c->body, -1, NULL, NULL, 0);
+	if (n > 64) {
+		evbuffer_pullup(c->body, -1);	/* rare: a body in many pieces */
+		n = 1;
+	}
+	n = evbuffer_peek(c->body, -1, NULL, iov, n);
+	/* the target is fingerprinted raw, exactly as the client sent it */
+	if (fp_compute(llhttp_method_name((llhttp_method_t)c->method), c->url,
+		       (const struct iovec *)iov, n, req.claim.fp) < 0)
+		goto fail;
+	snprintf(req.claim.key.key, sizeof(req.claim.key.key), "%s", c->key);
+	req.claim.key.scope[0] = '\0';	/* global scope (routes add more) */
+	req.claim.lease_ms = c->cfg->lease_ms;
+	req.claim.ttl_ms = c->cfg->ttl_ms;
+	req.in_flight = c->cfg->in_flight;
+	req.wait_timeout_ms = c->cfg->wait_timeout_ms;
+	req.upstream_timeout_ms = c->cfg->upstream_timeout_ms;
+	req.max_cached_response = c->cfg->max_cached_response;
+	req.store_down = c->cfg->store_down;
+	req.on_upstream_error = c->cfg->on_upstream_error;
+	req.head_method = c->method == HTTP_HEAD;
+	req.keep_set_cookie = false;
+	req.request = evbuffer_new();
+	if (req.request == NULL)
+		goto fail;
+	write_request_head(c, req.request, origin_target(c), true, body_len);
+	evbuffer_add_buffer(req.request, c->body);
+	c->idem = idem_start(&c->w->idem, &req, &conn_sink, c);
+	if (c->idem == NULL)
+		goto fail;
+	return;
+fail:
+	if (req.request != NULL)
+		evbuffer_free(req.request);
+	answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot start the claim",
+	       OUTCOME_STORE_UNAVAILABLE);
+}
+
+/* Move a keyed request's body into c->body, up to max_body. */
+static void buffer_body(struct conn *c)
+{
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+
+	if (c->req_body == BODY_LENGTH) {
+		size_t n = evbuffer_get_length(in);
+
+		if (n > c->req_remaining)
+			n = (size_t)c->req_remaining;
+		if (n > 0)
+			evbuffer_remove_buffer(in, c->body, n);
+		c->req_remaining -= n;
+		if (c->req_remaining == 0)
+			start_claim(c);
+		return;
+	}
+	switch (feed_parser(c)) {
+	case 1:
+		start_claim(c);
+		return;
+	default:
+		return;		/* more to come, or answered (400, 413) */
+	}
+}
+
+/*
+ * DESIGN.md §1 items 1-4: pass the request through, refuse it, or buffer
+ * its body for the engine.
+ */
+static void decide(struct conn *c)
+{
+	const struct config *cfg = c->cfg;
+	const struct hdrlist *h = &c->req;
+	int k, e;
+
+	if (!config_method_protected(cfg, c->method)) {
+		conn_forward(c);
+		return;
+	}
+	k = hdrlist_find(h, cfg->key_header, 0);
+	if (k < 0) {
+		if (cfg->require_key) {
+			c->outcome = OUTCOME_MISSING_KEY;
+			respond_problem(c, PROBLEM_MISSING_KEY, "this request needs "
+					"an idempotency key header", false);
+			return;
+		}
+		conn_forward(c);	/* drop-in: legacy clients see no change */
+		return;
+	}
+	if (hdrlist_find(h, cfg->key_header, (uint32_t)k + 1) >= 0 ||
+	    idemkey_parse(hdr_value(h, (uint32_t)k), h->v[k].value_len, c->key) < 0) {
+		c->outcome = OUTCOME_INVALID_KEY;
+		respond_problem(c, PROBLEM_INVALID_KEY, "the key must be one header "
+				"of 1-255 visible ASCII characters, optionally "
+				"as a quoted string", false);
+		return;
+	}
+	if (c->req_body == BODY_LENGTH && c->req_remaining > cfg->max_body) {
+		c->outcome = OUTCOME_TOO_LARGE;
+		respond_problem(c, PROBLEM_BODY_TOO_LARGE,
+				"the request body is larger than max_body", true);
+		return;
+	}
+	c->keyed = true;
+	c->body = evbuffer_new();
+	if (c->body == NULL) {
+		conn_close(c, "out of memory");
+		return;
+	}
+	conn_set_state(c, CONN_ST_BODY);
+	e = hdrlist_find(h, "expect", 0);
+	if (e >= 0 && c->http_minor >= 1 && c->req_body != BODY_NONE &&
+	    httphdr_list_has(hdr_value(h, (uint32_t)e), h->v[e].value_len,
+			     "100-continue")) {
+		/* we need the body before anything goes upstream */
+		evbuffer_add(bufferevent_get_output(c->bev),
+			     "HTTP/1.1 100 Continue\r\n\r\n", 25);
+		c->expect_answered = true;
+	}
+	if (c->req_body == BODY_NONE) {
+		start_claim(c);
+		return;
+	}
+	set_read_timeout(c, cfg->client_timeout_ms);
+	if (c->req_body == BODY_CHUNKED)
+		llhttp_resume(&c->parser);
+	buffer_body(c);
+}
+
 /* ---- client socket callbacks --------------------------------------- */
 
 static void read_cb(struct bufferevent *bev, void *arg)
@@ -941,7 +1264,11 @@ static void read_cb(struct bufferevent *bev, void *arg)
 	case CONN_ST_FORWARD:
 		pump_body(c);	/* pipelined input waits once req_done */
 		break;
+	case CONN_ST_BODY:
+		buffer_body(c);
+		break;
 	case CONN_ST_DECIDE:
+	case CONN_ST_CLAIM:
 		break;		/* parser paused: the bytes wait */
 	case CONN_ST_RESPOND:
 	case CONN_ST_CLOSING:
@@ -968,6 +1295,8 @@ static void write_cb(struct bufferevent *bev, void *arg)
 	}
 	if (c->state == CONN_ST_FORWARD && c->up != NULL)
 		upstream_pause_read(c->up, false);
+	else if (c->state == CONN_ST_FORWARD && c->idem != NULL)
+		idem_resume(c->idem);
 }
 
 static void event_cb(struct bufferevent *bev, short what, void *arg)
@@ -979,7 +1308,8 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	if (what & BEV_EVENT_TIMEOUT) {
-		if ((what & BEV_EVENT_READING) && c->state == CONN_ST_FORWARD &&
+		if ((what & BEV_EVENT_READING) &&
+		    (c->state == CONN_ST_FORWARD || c->state == CONN_ST_BODY) &&
 		    !c->req_done && !c->resp_started) {
 			refuse(c, PROBLEM_REQUEST_TIMEOUT,
 			       CLIENT_ERROR_REQUEST_TIMEOUT,
@@ -990,7 +1320,8 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 							  "write timeout");
 		return;
 	}
-	if ((what & BEV_EVENT_EOF) && c->state == CONN_ST_FORWARD && c->req_done) {
+	if ((what & BEV_EVENT_EOF) && c->req_done &&
+	    (c->state == CONN_ST_FORWARD || c->state == CONN_ST_CLAIM)) {
 		/* Half-close after a complete request: answer, then close. */
 		c->client_eof = true;
 		c->close_after = true;

@@ -23,6 +23,8 @@
 #include "admin.h"
 #include "config.h"
 #include "log.h"
+#include "store.h"
+#include "store_memory.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -34,6 +36,8 @@ struct daemon {
 	struct config *cfg;
 	struct event_base *base;
 	struct admin *admin;
+	struct store *store;
+	struct event *sweep;
 	struct worker *workers;
 	int nworkers;
 	int started;
@@ -155,6 +159,14 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	log_info("SIGHUP: reloaded %s", cfg->config_file);
 }
 
+/* Expired records go in small batches (--sweep-interval). */
+static void sweep_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct daemon *d = arg;
+
+	store_sweep(d->store, d->base);
+}
+
 static int run(struct daemon *d)
 {
 	struct config *cfg = d->cfg;
@@ -168,11 +180,17 @@ static int run(struct daemon *d)
 		log_error("%s", err);
 		return 1;
 	}
+	if (strcmp(cfg->store, "memory") != 0) {
+		log_error("--store %s: only the memory store is available in this "
+			  "version", cfg->store);
+		return 1;
+	}
+	d->store = store_memory_new(cfg->memory_max_bytes, NULL);
 	d->base = event_base_new();
-	if (d->base == NULL)
+	if (d->store == NULL || d->base == NULL)
 		return 1;
 	d->admin = admin_new(d->base, cfg->admin_hp.host, cfg->admin_hp.port,
-			     err, sizeof(err));
+			     d->store, err, sizeof(err));
 	if (d->admin == NULL) {
 		log_error("%s", err);
 		goto out;
@@ -190,7 +208,7 @@ static int run(struct daemon *d)
 			log_error("%s", err);
 			goto out;
 		}
-		if (worker_init(&d->workers[i], i, cfg, fd, &target) < 0)
+		if (worker_init(&d->workers[i], i, cfg, fd, &target, d->store) < 0)
 			goto out;
 		worker_on_done(&d->workers[i], worker_finished, d);
 		d->started = i + 1;	/* initialised: worker_free is due */
@@ -199,6 +217,13 @@ static int run(struct daemon *d)
 	d->sig_term = evsignal_new(d->base, SIGTERM, on_stop, d);
 	d->sig_int = evsignal_new(d->base, SIGINT, on_stop, d);
 	d->sig_hup = evsignal_new(d->base, SIGHUP, on_hup, d);
+	d->sweep = event_new(d->base, -1, EV_PERSIST, sweep_cb, d);
+	if (d->sweep != NULL) {
+		struct timeval tv = { (time_t)(cfg->sweep_interval_ms / 1000),
+			(suseconds_t)(cfg->sweep_interval_ms % 1000) * 1000 };
+
+		event_add(d->sweep, &tv);
+	}
 	if (d->worker_done == NULL || d->sig_term == NULL || d->sig_int == NULL ||
 	    d->sig_hup == NULL || evsignal_add(d->sig_term, NULL) < 0 ||
 	    evsignal_add(d->sig_int, NULL) < 0 || evsignal_add(d->sig_hup, NULL) < 0)
@@ -241,7 +266,10 @@ static void cleanup(struct daemon *d)
 		event_free(d->sig_hup);
 	if (d->worker_done)
 		event_free(d->worker_done);
+	if (d->sweep)
+		event_free(d->sweep);
 	admin_free(d->admin);
+	store_free(d->store);
 	if (d->base)
 		event_base_free(d->base);
 	config_unref(d->cfg);

@@ -35,7 +35,7 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 		w->listener_paused = false;
 		evconnlistener_enable(w->listener);
 	}
-	if (w->draining && w->nconns == 0)
+	if (w->draining && w->nconns == 0 && w->idem.norphans == 0)
 		event_base_loopexit(w->base, NULL);
 }
 
@@ -95,6 +95,7 @@ static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 		next = conn_next(c);
 		conn_abort(c);
 	}
+	idem_abort_orphans(&w->idem);
 	worker_reap_later(w);
 }
 
@@ -134,8 +135,18 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 		start_drain(w);
 }
 
+/* An engine finished after its client left: maybe the drain is over. */
+static void orphans_changed(void *arg)
+{
+	struct worker *w = arg;
+
+	if (w->draining)
+		worker_reap_later(w);
+}
+
 int worker_init(struct worker *w, int id, struct config *cfg,
-		evutil_socket_t listen_fd, const struct upstream_target *t)
+		evutil_socket_t listen_fd, const struct upstream_target *t,
+		struct store *store)
 {
 	memset(w, 0, sizeof(*w));
 	w->id = id;
@@ -149,6 +160,13 @@ int worker_init(struct worker *w, int id, struct config *cfg,
 	if (w->base == NULL)
 		goto fail;
 	w->pool = upstream_pool_new(w->base, t);
+	w->store = store;
+	w->idem.base = w->base;
+	w->idem.pool = w->pool;
+	w->idem.store = store;
+	TAILQ_INIT(&w->idem.orphans);
+	w->idem.orphans_changed = orphans_changed;
+	w->idem.orphans_arg = w;
 	w->notify = event_new(w->base, -1, 0, notify_cb, w);
 	w->reap_ev = event_new(w->base, -1, 0, reap_cb, w);
 	w->drain_timer = evtimer_new(w->base, drain_timeout_cb, w);
@@ -223,6 +241,8 @@ void worker_free(struct worker *w)
 		conn_abort(c);
 	while ((c = TAILQ_FIRST(&w->reap)) != NULL)
 		conn_free(c);
+	w->idem.orphans_changed = NULL;
+	idem_abort_orphans(&w->idem);
 	if (w->listener != NULL)
 		evconnlistener_free(w->listener);
 	if (w->listen_fd >= 0)

@@ -13,6 +13,8 @@
 
 #include <event2/util.h>
 
+#include "idem.h"
+#include "store.h"
 #include "upstream.h"
 
 #define MUSTCHECK __attribute__((warn_unused_result))
@@ -33,6 +35,8 @@ struct worker {
 	evutil_socket_t listen_fd;	/* bound and listening, made by main */
 	struct evconnlistener *listener;
 	struct upstream_pool *pool;
+	struct store *store;		/* shared by all workers */
+	struct idem_env idem;		/* what the engine borrows */
 	struct config *cfg;		/* this loop's current config (a ref) */
 
 	struct conn_list conns;		/* every open client connection */
@@ -53,7 +57,8 @@ struct worker {
 
 /* Set up the loop; the listener fd is owned by the worker from now on. */
 int worker_init(struct worker *w, int id, struct config *cfg,
-		evutil_socket_t listen_fd, const struct upstream_target *t) MUSTCHECK;
+		evutil_socket_t listen_fd, const struct upstream_target *t,
+		struct store *store) MUSTCHECK;
 int worker_start(struct worker *w) MUSTCHECK;
 /* Thread-safe: hand a new config to the worker (takes a reference). */
 void worker_post_config(struct worker *w, struct config *cfg);

@@ -194,3 +194,44 @@ def test_proxy_stays_healthy_after_garbage(proxy):
             c.send(junk)
             c.wait_closed(3)
     assert request(proxy.port, "GET", "/").body == b"ok\n"
+
+
+def test_missing_host_rejected(proxy, stub):
+    """RFC 9112 §3.2: an HTTP/1.1 request without Host is a 400."""
+    with RawConn(proxy.port) as c:
+        c.send(b"GET /nohost HTTP/1.1\r\nX-A: b\r\n\r\n")
+        assert_problem(c.read_response(), 400, "bad-request")
+    assert stub.stats()["requests"] == 0
+
+
+def test_two_host_headers_rejected(proxy, stub):
+    """RFC 9112 §3.2: more than one Host field is a 400."""
+    with RawConn(proxy.port) as c:
+        c.send(b"GET /twohosts HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")
+        assert_problem(c.read_response(), 400, "bad-request")
+    assert stub.stats()["requests"] == 0
+
+
+def test_pipelined_request_behind_large_download(proxy, stub):
+    n = 5 * 1024 * 1024
+    with RawConn(proxy.port, timeout=30) as c:
+        c.send(build_request("GET", f"/big?bytes={n}")
+               + build_request("POST", "/next", body=b"after"))
+        time.sleep(0.5)         # let back-pressure build up
+        r1 = c.read_response()
+        assert r1.body_len == n
+        assert r1.body[:26] == b"abcdefghijklmnopqrstuvwxyz"
+        doc = upstream_echo(c.read_response())
+        assert doc["target"] == "/next" and doc["body"] == "after"
+
+
+def test_431_delivered_even_with_unread_body(make_proxy, stub):
+    """The proxy's error response reaches the client even when the client
+    has already sent more than the proxy reads (lingering close)."""
+    p = make_proxy("--max-header-size", "4KiB")
+    with RawConn(p.port) as c:
+        c.send(build_request("POST", "/big", [("X-Big", "v" * 8000),
+                                              ("Content-Length", "300000")])
+               + b"b" * 300000)
+        assert_problem(c.read_response(), 431, "headers-too-large")
+    assert stub.stats()["requests"] == 0

@@ -51,6 +51,7 @@ def _upload(proxy, total, use_chunked):
     doc = upstream_echo(r)
     assert doc["body_len"] == total
     assert doc["body_sha256"] == sha.hexdigest()
+    print(f"RSS growth {rss.growth_mib:.1f} MiB (base {rss.base_kib} KiB)")
     assert rss.growth_mib < RSS_LIMIT_MIB, \
         f"RSS grew {rss.growth_mib:.1f} MiB during a {total // MIB} MiB upload"
 
@@ -90,6 +91,7 @@ def _download(proxy, total, query, slow_start=False):
     assert r.status == 200
     assert r.body_len == total
     assert state["bad"] is None, f"body differs at offset {state['bad']}"
+    print(f"RSS growth {rss.growth_mib:.1f} MiB (base {rss.base_kib} KiB)")
     assert rss.growth_mib < RSS_LIMIT_MIB, \
         f"RSS grew {rss.growth_mib:.1f} MiB during a {total // MIB} MiB download"
     return r

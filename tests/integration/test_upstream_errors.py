@@ -117,3 +117,38 @@ def test_upstream_error_statuses_are_passed_not_replaced(proxy):
         # the upstream's own body, not a proxy problem document
         assert r.header("Content-Type") == "application/json"
         assert upstream_echo(r)["target"] == f"/e?status={status}"
+
+
+def test_upstream_response_with_conflicting_framing_is_502(proxy):
+    """A response llhttp rejects (two different Content-Length) is never
+    relayed: the client gets a proxy-made 502."""
+    with RawConn(proxy.port) as c:
+        r = c.request("GET", "/bad?header=Content-Length:3")
+        assert r.status == 502, r
+        assert (r.header("Content-Type") or "").startswith(
+            "application/problem+json")
+
+
+def test_client_aborts_upload(proxy, stub):
+    with RawConn(proxy.port) as c:
+        c.send(build_request("POST", "/abort", [("Content-Length",
+                                                 str(50 * 1024 * 1024))])
+               + b"x" * (1024 * 1024))
+        time.sleep(0.2)
+    time.sleep(0.3)
+    assert stub.stats()["requests"] == 0
+    assert request(proxy.port, "GET", "/").body == b"ok\n"
+
+
+def test_client_aborts_download(proxy, stub):
+    for _ in range(3):
+        with RawConn(proxy.port) as c:
+            c.send(build_request("GET", "/abort?bytes=1000000000"))
+            c.read_head()
+            c._fill()
+    time.sleep(0.3)
+    assert request(proxy.port, "GET", "/").body == b"ok\n"
+    # the proxy is not still pulling a gigabyte per aborted client
+    with RawConn(proxy.port) as c:
+        r = c.request("GET", "/d?bytes=1000")
+        assert r.body_len == 1000

@@ -27,9 +27,9 @@ static void test_metrics(void)
 	metrics_outcome(OUTCOME_REPLAYED);
 	metrics_gauge_add(GAUGE_connections, 3);
 	metrics_gauge_add(GAUGE_connections, -1);
-	metrics_upstream_observe(0.0001);
-	metrics_upstream_observe(0.003);
-	metrics_upstream_observe(100);
+	metrics_observe(HISTOGRAM_upstream_seconds, 0.0001);
+	metrics_observe(HISTOGRAM_upstream_seconds, 0.003);
+	metrics_observe(HISTOGRAM_upstream_seconds, 100);
 	metrics_client_error(CLIENT_ERROR_HEADERS_TOO_LARGE);
 	text = render();
 	ok(strstr(text, "idemproxy_requests_total{outcome=\"passthrough\"} 2\n") != NULL,

@@ -1,0 +1,24 @@
+/*
+ * fingerprint.h - the request fingerprint: SHA-256 over the method, the raw
+ * request-target and the body, each prefixed by its length so that no two
+ * different requests share an encoding. Byte-for-byte definition and a test
+ * vector: docs/protocol.md.
+ */
+#ifndef IDEMPROXY_FINGERPRINT_H
+#define IDEMPROXY_FINGERPRINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define FP_LEN 32
+#define MUSTCHECK __attribute__((warn_unused_result))
+
+/* Body given as n pieces (an evbuffer's chunks, peeked). Returns 0 or -1. */
+int fp_compute(const char *method, const char *target, const struct iovec *body,
+	       int n, uint8_t out[FP_LEN]) MUSTCHECK;
+
+/* Lower-case hex of a fingerprint into buf (at least 2 * FP_LEN + 1). */
+void fp_hex(const uint8_t fp[FP_LEN], char *buf);
+
+#endif

@@ -1,0 +1,84 @@
+/*
+ * store.c - what every store backend shares: stored responses and owner
+ * tokens.
+ */
+#include "store.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/rand.h>
+
+struct stored_response *stored_response_new(int status, const char *head,
+					    size_t head_len, const char *body,
+					    size_t body_len, bool body_stored)
+{
+	struct stored_response *r = calloc(1, sizeof(*r));
+
+	if (r == NULL)
+		return NULL;
+	atomic_init(&r->refcount, 1);
+	r->status = status;
+	r->body_stored = body_stored;
+	r->head = malloc(head_len + 1);
+	r->body = malloc(body_len + 1);
+	if (r->head == NULL || r->body == NULL) {
+		free(r->head);
+		free(r->body);
+		free(r);
+		return NULL;
+	}
+	memcpy(r->head, head, head_len);
+	r->head[head_len] = '\0';
+	r->head_len = head_len;
+	if (body_len > 0)
+		memcpy(r->body, body, body_len);
+	r->body[body_len] = '\0';
+	r->body_len = body_len;
+	return r;
+}
+
+struct stored_response *stored_response_ref(struct stored_response *r)
+{
+	atomic_fetch_add_explicit(&r->refcount, 1, memory_order_relaxed);
+	return r;
+}
+
+void stored_response_unref(struct stored_response *r)
+{
+	if (r == NULL)
+		return;
+	if (atomic_fetch_sub_explicit(&r->refcount, 1, memory_order_acq_rel) != 1)
+		return;
+	free(r->head);
+	free(r->body);
+	free(r);
+}
+
+const char *store_status_name(enum store_status s)
+{
+	static const char *const names[] = {
+		[STORE_WON] = "won", [STORE_COMPLETED] = "completed",
+		[STORE_IN_FLIGHT] = "in_flight", [STORE_MISMATCH] = "mismatch",
+		[STORE_OK] = "ok", [STORE_FENCED] = "fenced",
+		[STORE_SETTLED] = "settled", [STORE_FULL] = "full",
+		[STORE_ERROR] = "error",
+	};
+
+	return names[s];
+}
+
+int store_new_owner(char out[STORE_OWNER_LEN + 1])
+{
+	static const char hex[] = "0123456789abcdef";
+	unsigned char raw[STORE_OWNER_LEN / 2];
+
+	if (RAND_bytes(raw, sizeof(raw)) != 1)
+		return -1;
+	for (size_t i = 0; i < sizeof(raw); i++) {
+		out[2 * i] = hex[raw[i] >> 4];
+		out[2 * i + 1] = hex[raw[i] & 15];
+	}
+	out[STORE_OWNER_LEN] = '\0';
+	return 0;
+}

@@ -1,0 +1,200 @@
+/*
+ * store.h - the idempotency store interface.
+ *
+ * A store keeps one record per (scope, key): its fingerprint, its state
+ * (in flight under a lease held by an owner token, or completed with a
+ * stored response) and its expiry. Backends: the embedded memory store
+ * (store_memory.c) and, beside it, PostgreSQL with an optional Redis fast
+ * path. The engine (proxy/idem.c) sees only this interface.
+ *
+ * Every call is asynchronous: it returns a handle at once and reports
+ * through its callback on the caller's event loop, never inside the call
+ * itself. store_cancel() withdraws a handle; its callback will not run.
+ * A handle is finished once its callback has run. Calls may be made from
+ * any worker thread, each with its own event_base.
+ */
+#ifndef IDEMPROXY_STORE_H
+#define IDEMPROXY_STORE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fingerprint.h"
+#include "idemkey.h"
+
+#define MUSTCHECK __attribute__((warn_unused_result))
+#define STORE_OWNER_LEN 32	/* hex of 16 random bytes */
+#define STORE_SCOPE_LEN 64	/* hex SHA-256, or "" */
+
+struct event_base;
+struct store;
+
+/* The head of every backend's handle type. */
+struct store_op {
+	struct store *store;
+};
+
+/*
+ * A response as stored and replayed. Immutable once built, shared by
+ * reference count between the store and every replay in progress.
+ */
+struct stored_response {
+	atomic_int refcount;
+	int status;
+	char *head;		/* end-to-end fields as "Name: value\r\n"... */
+	size_t head_len;
+	char *body;
+	size_t body_len;
+	bool body_stored;	/* false: too large; duplicates get 409 */
+};
+
+struct stored_response *stored_response_new(int status, const char *head,
+					    size_t head_len, const char *body,
+					    size_t body_len, bool body_stored);
+struct stored_response *stored_response_ref(struct stored_response *r);
+void stored_response_unref(struct stored_response *r);
+
+/* What a record is addressed by. */
+struct store_key {
+	char scope[STORE_SCOPE_LEN + 1];
+	char key[IDEMKEY_MAX + 1];
+};
+
+enum store_status {
+	STORE_WON,		/* claim: ours now (new, expired or taken over) */
+	STORE_COMPLETED,	/* claim: completed, same fingerprint: replay */
+	STORE_IN_FLIGHT,	/* claim: another owner holds a live lease */
+	STORE_MISMATCH,		/* claim: the record has another fingerprint */
+	STORE_OK,		/* complete / release / extend done */
+	STORE_FENCED,		/* complete / release / extend: no longer ours */
+	STORE_SETTLED,		/* watch: no longer in flight (or lease ran out) */
+	STORE_FULL,		/* claim: the store refuses new records */
+	STORE_ERROR,		/* the store could not be reached */
+};
+
+const char *store_status_name(enum store_status s);
+
+struct store_result {
+	enum store_status status;
+	/* STORE_WON: the fencing token to complete or release with */
+	char owner[STORE_OWNER_LEN + 1];
+	/* STORE_COMPLETED: a reference handed to the callback, which must
+	 * take its own with stored_response_ref() to keep it */
+	struct stored_response *resp;
+};
+
+typedef void (*store_cb)(void *arg, const struct store_result *res);
+
+struct store_claim {
+	struct store_key key;
+	uint8_t fp[FP_LEN];
+	uint64_t lease_ms;	/* in-flight lease */
+	uint64_t ttl_ms;	/* record lifetime (in flight: from the claim) */
+};
+
+/* The operations a backend implements; see the wrappers below. */
+struct store_ops {
+	const char *name;
+	struct store_op *(*claim)(struct store *s, struct event_base *base,
+				  const struct store_claim *c, store_cb cb, void *arg);
+	struct store_op *(*complete)(struct store *s, struct event_base *base,
+				     const struct store_key *k, const char *owner,
+				     struct stored_response *resp, uint64_t ttl_ms,
+				     store_cb cb, void *arg);
+	struct store_op *(*release)(struct store *s, struct event_base *base,
+				    const struct store_key *k, const char *owner,
+				    store_cb cb, void *arg);
+	struct store_op *(*extend)(struct store *s, struct event_base *base,
+				   const struct store_key *k, const char *owner,
+				   uint64_t lease_ms, store_cb cb, void *arg);
+	struct store_op *(*watch)(struct store *s, struct event_base *base,
+				  const struct store_key *k, store_cb cb, void *arg);
+	void (*cancel)(struct store_op *op);
+	/* Is the store reachable (for /readyz)? Thread-safe. */
+	bool (*ready)(struct store *s);
+	/* Delete expired records (a batch); called by the main thread's
+	 * timer every --sweep-interval. May work asynchronously on base. */
+	void (*sweep)(struct store *s, struct event_base *base);
+	void (*free)(struct store *s);
+};
+
+struct store {
+	const struct store_ops *ops;
+};
+
+/*
+ * Claim (scope, key) for a request with fingerprint fp. Results: WON,
+ * COMPLETED, IN_FLIGHT, MISMATCH (checked before the in-flight state), FULL
+ * or ERROR.
+ */
+static inline struct store_op *store_claim(struct store *s, struct event_base *b,
+					   const struct store_claim *c,
+					   store_cb cb, void *arg)
+{
+	return s->ops->claim(s, b, c, cb, arg);
+}
+
+/* Complete an in-flight record we own with resp (a reference is taken);
+ * it expires ttl_ms from now. OK, FENCED or ERROR. */
+static inline struct store_op *store_complete(struct store *s, struct event_base *b,
+					      const struct store_key *k,
+					      const char *owner,
+					      struct stored_response *resp,
+					      uint64_t ttl_ms, store_cb cb, void *arg)
+{
+	return s->ops->complete(s, b, k, owner, resp, ttl_ms, cb, arg);
+}
+
+/* Delete an in-flight record we own, so that a retry can execute. */
+static inline struct store_op *store_release(struct store *s, struct event_base *b,
+					     const struct store_key *k,
+					     const char *owner, store_cb cb, void *arg)
+{
+	return s->ops->release(s, b, k, owner, cb, arg);
+}
+
+/* Push our lease lease_ms into the future. OK, FENCED or ERROR. */
+static inline struct store_op *store_extend(struct store *s, struct event_base *b,
+					    const struct store_key *k,
+					    const char *owner, uint64_t lease_ms,
+					    store_cb cb, void *arg)
+{
+	return s->ops->extend(s, b, k, owner, lease_ms, cb, arg);
+}
+
+/* Tell me (SETTLED) when this key stops being in flight: completed,
+ * released, expired, or its lease ran out (a takeover is possible). */
+static inline struct store_op *store_watch(struct store *s, struct event_base *b,
+					   const struct store_key *k, store_cb cb,
+					   void *arg)
+{
+	return s->ops->watch(s, b, k, cb, arg);
+}
+
+static inline void store_cancel(struct store_op *op)
+{
+	op->store->ops->cancel(op);
+}
+
+static inline void store_sweep(struct store *s, struct event_base *base)
+{
+	s->ops->sweep(s, base);
+}
+
+static inline bool store_ready(struct store *s)
+{
+	return s->ops->ready(s);
+}
+
+static inline void store_free(struct store *s)
+{
+	if (s != NULL)
+		s->ops->free(s);
+}
+
+/* A fresh random owner token (hex). Returns 0 or -1. */
+int store_new_owner(char out[STORE_OWNER_LEN + 1]) MUSTCHECK;
+
+#endif

@@ -1,0 +1,582 @@
+/*
+ * idem.c - the idempotency engine (see idem.h).
+ *
+ *   idem_start ──▶ IDEM_ST_CLAIM ──WON──────────────▶ IDEM_ST_FORWARD
+ *                    │ ▲    │ COMPLETED: replay          │ response done
+ *        IN_FLIGHT   │ │    │ MISMATCH: 422              │ or failed
+ *        (wait mode) ▼ │    │ IN_FLIGHT (reject): 409    ▼
+ *                IDEM_ST_WAIT  store down: 503 or      IDEM_ST_SETTLE
+ *                 settled: claim again;  fail-open     complete or release,
+ *                 wait_timeout: 409      forward       retried with backoff
+ *                                                         │
+ *                                                         ▼ freed
+ *
+ * The store decides every claim (PostgreSQL's single statement, or the
+ * memory store's lock); the engine never checks then inserts. A winner's
+ * completion and release carry its owner token, so a stale winner whose
+ * lease was taken over cannot overwrite the new owner's record. While
+ * forwarding, the winner extends its lease every half lease.
+ *
+ * Ownership: the engine owns its store handles, its timer, its upstream
+ * handle and the captured response. The client is a borrowed pointer,
+ * cleared by idem_detach() or by the engine after a final sink call.
+ */
+#include "idem.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+
+#include "httphdr.h"
+#include "log.h"
+
+/* Completion/release writes: attempts, and the first back-off (doubles). */
+#define SETTLE_ATTEMPTS 6
+#define SETTLE_BACKOFF_MS 100
+
+enum idem_state {
+	IDEM_ST_CLAIM,		/* a claim is with the store */
+	IDEM_ST_WAIT,		/* another request holds the key: watching */
+	IDEM_ST_FORWARD,	/* ours (or fail-open): exchange upstream */
+	IDEM_ST_SETTLE,		/* writing completion or release */
+};
+
+struct idem {
+	enum idem_state state;
+	struct idem_env *env;
+	struct idem_request req;
+	const struct idem_sink *sink;
+	void *client;			/* NULL once detached */
+	bool orphan;			/* on env->orphans */
+	TAILQ_ENTRY(idem) orphan_link;
+
+	struct store_op *op;		/* claim, watch, complete or release */
+	struct store_op *ext_op;	/* lease extension */
+	struct event *timer;		/* WAIT: timeout; FORWARD: extend;
+					 * SETTLE: retry back-off */
+	struct timespec wait_start;
+	bool waited;
+	bool owns;			/* won the claim: must settle */
+	char owner[STORE_OWNER_LEN + 1];
+	int attempts;
+
+	struct upstream *up;
+	struct timespec up_start;
+	bool resp_head;			/* final head seen */
+	int status;
+	struct evbuffer *cap_head;	/* "Name: value\r\n"... */
+	struct evbuffer *cap_body;
+	bool cap_overflow;		/* body larger than max_cached_response */
+	bool failed;
+	enum upstream_error error;
+	struct stored_response *outcome;	/* what complete() writes */
+};
+
+static void claim(struct idem *ix);
+static void settle(struct idem *ix);
+static void write_settlement(struct idem *ix);
+
+static double seconds_since(const struct timespec *t0)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t0->tv_sec) +
+	       (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static void arm_timer(struct idem *ix, uint64_t ms)
+{
+	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+
+	evtimer_add(ix->timer, &tv);
+}
+
+bool idem_status_releases(int status, enum upstream_error_mode mode)
+{
+	if (status == 401 || status == 408 || status == 425 || status == 429)
+		return true;
+	return status >= 500 && mode == UPSTREAM_ERROR_RELEASE;
+}
+
+/* Free everything; the engine is done with the store and the upstream. */
+static void idem_free(struct idem *ix)
+{
+	if (ix->orphan) {
+		TAILQ_REMOVE(&ix->env->orphans, ix, orphan_link);
+		ix->env->norphans--;
+		if (ix->env->orphans_changed != NULL)
+			ix->env->orphans_changed(ix->env->orphans_arg);
+	}
+	if (ix->op != NULL)
+		store_cancel(ix->op);
+	if (ix->ext_op != NULL)
+		store_cancel(ix->ext_op);
+	if (ix->up != NULL)
+		upstream_abort(ix->up);
+	if (ix->owns)
+		metrics_gauge_add(GAUGE_in_flight, -1);
+	event_free(ix->timer);
+	evbuffer_free(ix->req.request);
+	evbuffer_free(ix->cap_head);
+	evbuffer_free(ix->cap_body);
+	stored_response_unref(ix->outcome);
+	free(ix);
+}
+
+/* The client got its final answer; the engine may still have work. */
+static void let_go(struct idem *ix)
+{
+	ix->client = NULL;
+	if (ix->state != IDEM_ST_FORWARD && ix->state != IDEM_ST_SETTLE) {
+		idem_free(ix);
+		return;
+	}
+	if (!ix->orphan) {
+		ix->orphan = true;
+		TAILQ_INSERT_TAIL(&ix->env->orphans, ix, orphan_link);
+		ix->env->norphans++;
+	}
+}
+
+static void observe_wait(struct idem *ix)
+{
+	if (ix->waited)
+		metrics_observe(HISTOGRAM_wait_seconds, seconds_since(&ix->wait_start));
+}
+
+/* Answer the client with a problem and end. */
+static void finish_problem(struct idem *ix, enum problem p, const char *detail,
+			   enum outcome o)
+{
+	observe_wait(ix);
+	if (ix->client != NULL)
+		ix->sink->problem(ix->client, p, detail, o);
+	ix->client = NULL;
+	idem_free(ix);
+}
+
+/* ---- the upstream exchange ------------------------------------------ */
+
+/* Serialise the end-to-end fields of a response for storage. */
+static void capture_head(struct idem *ix, const struct upstream_resp *r)
+{
+	const struct hdrlist *h = r->headers;
+
+	ix->status = r->status;
+	for (uint32_t i = 0; i < h->n; i++) {
+		if (httphdr_drop_on_forward(h, i))
+			continue;
+		if (!ix->req.keep_set_cookie && h->v[i].name_len == 10 &&
+		    strcasecmp(hdr_name(h, i), "set-cookie") == 0)
+			continue;	/* never replay a session to a stranger */
+		evbuffer_add_printf(ix->cap_head, "%s: %s\r\n", hdr_name(h, i),
+				    hdr_value(h, i));
+	}
+}
+
+static void up_head(void *arg, const struct upstream_resp *r)
+{
+	struct idem *ix = arg;
+
+	if (r->status >= 200) {
+		ix->resp_head = true;
+		capture_head(ix, r);
+	}
+	if (ix->client != NULL)
+		ix->sink->head(ix->client, r);
+}
+
+static void up_body(void *arg, struct evbuffer *src, size_t len)
+{
+	struct idem *ix = arg;
+
+	if (!ix->cap_overflow) {
+		if (evbuffer_get_length(ix->cap_body) + len >
+		    ix->req.max_cached_response) {
+			ix->cap_overflow = true;
+			evbuffer_drain(ix->cap_body, evbuffer_get_length(ix->cap_body));
+		} else {
+			struct evbuffer_ptr pos;
+			struct evbuffer_iovec v[8];
+			size_t left = len;
+
+			/* copy: the client takes the bytes themselves */
+			evbuffer_ptr_set(src, &pos, 0, EVBUFFER_PTR_SET);
+			while (left > 0) {
+				int n = evbuffer_peek(src, (ev_ssize_t)left, &pos, v, 8);
+
+				for (int i = 0; i < n && left > 0; i++) {
+					size_t k = v[i].iov_len < left ? v[i].iov_len : left;
+
+					evbuffer_add(ix->cap_body, v[i].iov_base, k);
+					left -= k;
+				}
+				if (left > 0)
+					evbuffer_ptr_set(src, &pos, len - left,
+							 EVBUFFER_PTR_SET);
+			}
+		}
+	}
+	if (ix->client != NULL) {
+		if (ix->sink->body(ix->client, src, len))
+			upstream_pause_read(ix->up, true);
+	} else {
+		evbuffer_drain(src, len);
+	}
+}
+
+static void up_done(void *arg)
+{
+	struct idem *ix = arg;
+
+	metrics_observe(HISTOGRAM_upstream_seconds, seconds_since(&ix->up_start));
+	upstream_release(ix->up);
+	ix->up = NULL;
+	evtimer_del(ix->timer);
+	if (ix->client != NULL) {
+		void *client = ix->client;
+
+		ix->client = NULL;
+		ix->sink->done(client);
+	}
+	settle(ix);
+}
+
+static void up_error(void *arg, enum upstream_error err, bool retryable)
+{
+	struct idem *ix = arg;
+
+	ix->up = NULL;
+	ix->failed = true;
+	ix->error = err;
+	evtimer_del(ix->timer);
+	log_warn("key %s: upstream %s", ix->req.claim.key.key,
+		 upstream_error_name(err));
+	if (ix->client != NULL) {
+		void *client = ix->client;
+
+		ix->client = NULL;
+		ix->sink->failed(client, err);
+	}
+	settle(ix);
+}
+
+static const struct upstream_cbs up_cbs = {
+	.on_head = up_head,
+	.on_body = up_body,
+	.on_done = up_done,
+	.on_error = up_error,
+	.on_drain = NULL,
+};
+
+static void on_extended(void *arg, const struct store_result *res)
+{
+	struct idem *ix = arg;
+
+	ix->ext_op = NULL;
+	if (res->status == STORE_FENCED)
+		log_warn("key %s: lease lost to another request while executing",
+			 ix->req.claim.key.key);
+	else if (res->status == STORE_ERROR)
+		metrics_store_error(STORE_KIND_MEMORY);
+	if (ix->state == IDEM_ST_FORWARD)
+		arm_timer(ix, ix->req.claim.lease_ms / 2);
+}
+
+/* Forward the buffered request: as the key's owner, or unprotected. */
+static void forward(struct idem *ix, enum outcome o)
+{
+	ix->state = IDEM_ST_FORWARD;
+	if (ix->client != NULL)
+		ix->sink->forwarding(ix->client, o);
+	ix->up = upstream_acquire(ix->env->pool, &up_cbs, ix,
+				  ix->req.upstream_timeout_ms,
+				  ix->req.head_method, false);
+	if (ix->up == NULL) {
+		up_error(ix, UPSTREAM_ERROR_CONNECT, false);
+		return;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &ix->up_start);
+	evbuffer_add_buffer(upstream_output(ix->up), ix->req.request);
+	upstream_request_sent(ix->up);
+	if (ix->owns)
+		arm_timer(ix, ix->req.claim.lease_ms / 2);
+}
+
+/* ---- settling the record --------------------------------------------- */
+
+/* The problem document a kept 502/504 is stored as. */
+static struct stored_response *problem_response(enum upstream_error err)
+{
+	enum problem p = err == UPSTREAM_ERROR_TIMEOUT ? PROBLEM_UPSTREAM_TIMEOUT :
+							 PROBLEM_UPSTREAM_UNAVAILABLE;
+	static const char head[] = "Content-Type: application/problem+json\r\n";
+	char body[512];
+	size_t len = problem_render(p, err == UPSTREAM_ERROR_TIMEOUT ?
+					"the upstream did not answer in time" :
+					"the upstream connection failed",
+				    body, sizeof(body));
+
+	return stored_response_new(problem_status(p), head, sizeof(head) - 1,
+				   body, len, true);
+}
+
+static void on_settled(void *arg, const struct store_result *res)
+{
+	struct idem *ix = arg;
+
+	ix->op = NULL;
+	switch (res->status) {
+	case STORE_OK:
+		break;
+	case STORE_FENCED:
+		log_warn("key %s: not ours any more (lease taken over); outcome "
+			 "not written", ix->req.claim.key.key);
+		break;
+	default:
+		metrics_store_error(STORE_KIND_MEMORY);
+		if (++ix->attempts < SETTLE_ATTEMPTS) {
+			metrics_count(COUNTER_completion_retries_total);
+			arm_timer(ix, (uint64_t)SETTLE_BACKOFF_MS << (ix->attempts - 1));
+			return;
+		}
+		metrics_count(COUNTER_completion_failures_total);
+		log_error("key %s: could not write the outcome (%s); the key "
+			  "stays in flight until its lease runs out",
+			  ix->req.claim.key.key, store_status_name(res->status));
+		break;
+	}
+	idem_free(ix);
+}
+
+static void write_settlement(struct idem *ix)
+{
+	struct store *s = ix->env->store;
+
+	if (ix->outcome != NULL)
+		ix->op = store_complete(s, ix->env->base, &ix->req.claim.key,
+					ix->owner, ix->outcome, ix->req.claim.ttl_ms,
+					on_settled, ix);
+	else
+		ix->op = store_release(s, ix->env->base, &ix->req.claim.key,
+				       ix->owner, on_settled, ix);
+	if (ix->op == NULL) {
+		metrics_count(COUNTER_completion_failures_total);
+		idem_free(ix);
+	}
+}
+
+/*
+ * The exchange is over (or failed). Decide between completing the record
+ * with the response and releasing the key so that a retry can execute.
+ */
+static void settle(struct idem *ix)
+{
+	ix->state = IDEM_ST_SETTLE;
+	if (!ix->owns) {
+		idem_free(ix);	/* fail-open: nothing to write */
+		return;
+	}
+	if (ix->failed) {
+		if (ix->req.on_upstream_error == UPSTREAM_ERROR_KEEP)
+			ix->outcome = problem_response(ix->error);
+	} else if (!idem_status_releases(ix->status, ix->req.on_upstream_error)) {
+		size_t blen = evbuffer_get_length(ix->cap_body);
+
+		ix->outcome = stored_response_new(ix->status,
+			(const char *)evbuffer_pullup(ix->cap_head, -1),
+			evbuffer_get_length(ix->cap_head),
+			blen ? (const char *)evbuffer_pullup(ix->cap_body, -1) : "",
+			blen, !ix->cap_overflow);
+	}
+	/* the captured copies are no longer needed */
+	evbuffer_drain(ix->cap_body, evbuffer_get_length(ix->cap_body));
+	if (ix->client == NULL && !ix->orphan)
+		let_go(ix);
+	write_settlement(ix);
+}
+
+/* ---- claiming and waiting ------------------------------------------ */
+
+static void on_watch(void *arg, const struct store_result *res)
+{
+	struct idem *ix = arg;
+
+	ix->op = NULL;
+	evtimer_del(ix->timer);
+	claim(ix);
+}
+
+static void on_claim(void *arg, const struct store_result *res)
+{
+	struct idem *ix = arg;
+
+	ix->op = NULL;
+	switch (res->status) {
+	case STORE_WON:
+		ix->owns = true;
+		memcpy(ix->owner, res->owner, sizeof(ix->owner));
+		metrics_gauge_add(GAUGE_in_flight, 1);
+		evtimer_del(ix->timer);
+		observe_wait(ix);
+		forward(ix, OUTCOME_FORWARDED);
+		return;
+	case STORE_COMPLETED:
+		observe_wait(ix);
+		if (!res->resp->body_stored) {
+			finish_problem(ix, PROBLEM_RESPONSE_NOT_STORED,
+				       "the first response was too large to store; "
+				       "it cannot be replayed", OUTCOME_CONFLICT);
+			return;
+		}
+		if (ix->client != NULL)
+			ix->sink->replay(ix->client, res->resp);
+		ix->client = NULL;
+		idem_free(ix);
+		return;
+	case STORE_MISMATCH:
+		finish_problem(ix, PROBLEM_KEY_MISMATCH,
+			       "this key was used with a different request "
+			       "(method, target or body)", OUTCOME_MISMATCH);
+		return;
+	case STORE_IN_FLIGHT:
+		if (ix->req.in_flight == IN_FLIGHT_REJECT) {
+			finish_problem(ix, PROBLEM_IN_PROGRESS,
+				       "a request with this key is still in progress",
+				       OUTCOME_CONFLICT);
+			return;
+		}
+		if (!ix->waited) {
+			ix->waited = true;
+			clock_gettime(CLOCK_MONOTONIC, &ix->wait_start);
+			arm_timer(ix, ix->req.wait_timeout_ms);
+		}
+		ix->state = IDEM_ST_WAIT;
+		ix->op = store_watch(ix->env->store, ix->env->base,
+				     &ix->req.claim.key, on_watch, ix);
+		if (ix->op == NULL)
+			finish_problem(ix, PROBLEM_STORE_UNAVAILABLE, NULL,
+				       OUTCOME_STORE_UNAVAILABLE);
+		return;
+	case STORE_FULL:
+	case STORE_ERROR:
+	default:
+		metrics_store_error(STORE_KIND_MEMORY);
+		evtimer_del(ix->timer);
+		if (ix->req.store_down == STORE_DOWN_FAIL_OPEN) {
+			log_warn("key %s: store %s, forwarding unprotected (fail-open)",
+				 ix->req.claim.key.key, store_status_name(res->status));
+			forward(ix, OUTCOME_FAIL_OPEN);
+			return;
+		}
+		finish_problem(ix, PROBLEM_STORE_UNAVAILABLE,
+			       res->status == STORE_FULL ?
+				       "the idempotency store is full" :
+				       "the idempotency store cannot be reached",
+			       OUTCOME_STORE_UNAVAILABLE);
+		return;
+	}
+}
+
+static void claim(struct idem *ix)
+{
+	ix->state = IDEM_ST_CLAIM;
+	ix->op = store_claim(ix->env->store, ix->env->base, &ix->req.claim,
+			     on_claim, ix);
+	if (ix->op == NULL)
+		finish_problem(ix, PROBLEM_STORE_UNAVAILABLE, NULL,
+			       OUTCOME_STORE_UNAVAILABLE);
+}
+
+static void timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct idem *ix = arg;
+
+	switch (ix->state) {
+	case IDEM_ST_WAIT:
+		finish_problem(ix, PROBLEM_IN_PROGRESS,
+			       "a request with this key is still in progress",
+			       OUTCOME_CONFLICT);
+		return;
+	case IDEM_ST_FORWARD:
+		if (ix->owns && ix->ext_op == NULL)
+			ix->ext_op = store_extend(ix->env->store, ix->env->base,
+						  &ix->req.claim.key, ix->owner,
+						  ix->req.claim.lease_ms,
+						  on_extended, ix);
+		return;
+	case IDEM_ST_SETTLE:
+		write_settlement(ix);
+		return;
+	case IDEM_ST_CLAIM:
+		/* the wait timed out while a re-claim was with the store;
+		 * its answer decides */
+		return;
+	}
+}
+
+struct idem *idem_start(struct idem_env *env, struct idem_request *req,
+			const struct idem_sink *sink, void *client)
+{
+	struct idem *ix = calloc(1, sizeof(*ix));
+
+	if (ix == NULL)
+		goto fail;
+	ix->env = env;
+	ix->req = *req;
+	ix->sink = sink;
+	ix->client = client;
+	ix->timer = evtimer_new(env->base, timer_cb, ix);
+	ix->cap_head = evbuffer_new();
+	ix->cap_body = evbuffer_new();
+	if (ix->timer == NULL || ix->cap_head == NULL || ix->cap_body == NULL)
+		goto fail;
+	ix->op = store_claim(env->store, env->base, &ix->req.claim, on_claim, ix);
+	if (ix->op == NULL)
+		goto fail;
+	req->request = NULL;	/* ours now */
+	return ix;
+fail:
+	if (ix != NULL) {
+		if (ix->timer != NULL)
+			event_free(ix->timer);
+		if (ix->cap_head != NULL)
+			evbuffer_free(ix->cap_head);
+		if (ix->cap_body != NULL)
+			evbuffer_free(ix->cap_body);
+		free(ix);
+	}
+	evbuffer_free(req->request);
+	req->request = NULL;
+	return NULL;
+}
+
+void idem_detach(struct idem *ix)
+{
+	let_go(ix);
+	if (ix->state == IDEM_ST_FORWARD && ix->up != NULL)
+		upstream_pause_read(ix->up, false);	/* nobody to wait for */
+}
+
+void idem_resume(struct idem *ix)
+{
+	if (ix->up != NULL)
+		upstream_pause_read(ix->up, false);
+}
+
+void idem_abort_orphans(struct idem_env *env)
+{
+	struct idem *ix;
+
+	while ((ix = TAILQ_FIRST(&env->orphans)) != NULL) {
+		log_warn("key %s: abandoned at shutdown; its lease will free it",
+			 ix->req.claim.key.key);
+		idem_free(ix);
+	}
+}

@@ -1,0 +1,87 @@
+/*
+ * idem.h - the idempotency engine: one struct idem per keyed request, from
+ * the claim to the last store write (see idem.c for the flow).
+ *
+ * The client connection hands over a fully buffered request and gets the
+ * outcome through struct idem_sink. A winner's exchange with the upstream
+ * belongs to the engine, not to the connection, so that it finishes and
+ * completes the record when the client disconnects (DESIGN.md §1 item 9).
+ */
+#ifndef IDEMPROXY_IDEM_H
+#define IDEMPROXY_IDEM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include "config.h"
+#include "metrics.h"
+#include "problem.h"
+#include "store.h"
+#include "upstream.h"
+
+struct evbuffer;
+struct event_base;
+struct idem;
+
+TAILQ_HEAD(idem_list, idem);
+
+/* What a worker lends the engine. */
+struct idem_env {
+	struct event_base *base;
+	struct upstream_pool *pool;
+	struct store *store;
+	/* engines no longer attached to a client but still working
+	 * (forwarding or writing the outcome); the worker drains them */
+	struct idem_list orphans;
+	int norphans;
+	void (*orphans_changed)(void *arg);
+	void *orphans_arg;
+};
+
+/*
+ * The client side of a keyed request, implemented by conn.c. replay,
+ * problem, done and failed are final: after them the engine never calls
+ * the client again (it may go on writing the outcome to the store).
+ */
+struct idem_sink {
+	void (*replay)(void *client, struct stored_response *r);
+	void (*problem)(void *client, enum problem p, const char *detail,
+			enum outcome o);
+	/* the winner is about to be forwarded (or fail-open) */
+	void (*forwarding)(void *client, enum outcome o);
+	void (*head)(void *client, const struct upstream_resp *r);
+	/* returns true when the client's output is full: pause the upstream */
+	bool (*body)(void *client, struct evbuffer *src, size_t len);
+	void (*done)(void *client);
+	void (*failed)(void *client, enum upstream_error err);
+};
+
+struct idem_request {
+	struct store_claim claim;	/* key, fingerprint, lease, ttl */
+	enum in_flight_mode in_flight;
+	uint64_t wait_timeout_ms;
+	uint64_t upstream_timeout_ms;
+	uint64_t max_cached_response;
+	enum store_down_mode store_down;
+	enum upstream_error_mode on_upstream_error;
+	bool head_method;		/* HEAD: the response has no body */
+	bool keep_set_cookie;		/* scoped to a caller: store Set-Cookie */
+	struct evbuffer *request;	/* head + body for the upstream; taken */
+};
+
+/* Start the claim. Returns NULL (request freed) when out of memory. */
+struct idem *idem_start(struct idem_env *env, struct idem_request *req,
+			const struct idem_sink *sink, void *client);
+/* The client is gone: stop waiting, or go on executing as an orphan. */
+void idem_detach(struct idem *ix);
+/* The client's output drained: read the upstream again. */
+void idem_resume(struct idem *ix);
+/* Drain timeout: abandon every orphan of env (leases resolve the keys). */
+void idem_abort_orphans(struct idem_env *env);
+
+/* Is this response status one that releases the key rather than being
+ * stored (5xx unless kept, 401, 408, 425, 429)? */
+bool idem_status_releases(int status, enum upstream_error_mode mode);
+
+#endif
