@@ -1,7 +1,8 @@
 #!/bin/sh
 # The main job, in one command: install what is needed, build idemproxy,
-# start a demo upstream and idemproxy in front of it, show requests going
-# through, and leave both running.
+# start a demo upstream and idemproxy in front of it, show a request going
+# through and its duplicate replayed, replay the article's experiments
+# directly and through idemproxy, and leave both running.
 #
 #   ./deploy/quickstart.sh          start (or restart) the demo
 #   ./deploy/quickstart.sh stop     stop what the last start left running
@@ -36,10 +37,6 @@ if [ "${1:-}" = "stop" ]; then
   stop
   exit 0
 fi
-
-port_busy() {
-  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
 
 wait_http() {
   i=0
@@ -86,9 +83,15 @@ curl -si -X POST "http://127.0.0.1:$PROXY_PORT/orders" -H 'Idempotency-Key: demo
   -H 'Content-Type: application/json' -d '{"item":42}'
 echo
 echo
-echo "== what the upstream executed =="
-curl -s "http://127.0.0.1:$UPSTREAM_PORT/__stats"
 echo
+echo "== the same request again: replayed, not executed =="
+curl -si -X POST "http://127.0.0.1:$PROXY_PORT/orders" -H 'Idempotency-Key: demo-1' \
+  -H 'Content-Type: application/json' -d '{"item":42}' | grep -E '^HTTP|^Idempotent-Replayed'
+echo
+echo "== the article's experiments (E1-E3), direct and through idemproxy =="
+seed_status=0
+./tests/bench/seed_experiments --upstream "http://127.0.0.1:$UPSTREAM_PORT" \
+  --proxy "http://127.0.0.1:$PROXY_PORT" || seed_status=$?
 echo
 cat <<MSG
 Running (logs and PIDs in $RUN/):
@@ -97,3 +100,4 @@ Running (logs and PIDs in $RUN/):
   demo upstream    http://127.0.0.1:$UPSTREAM_PORT  (pid $(cat "$RUN/upstream.pid")), executions: /__stats
 Stop both with:    ./deploy/quickstart.sh stop
 MSG
+exit $seed_status
