@@ -5,11 +5,15 @@
  *             │
  *             ▼      first byte                 head complete
  *   ┌──▶ CONN_ST_IDLE ─────────▶ CONN_ST_READ_HEAD ─────────▶ CONN_ST_DECIDE
- *   │                                  │ 400/408/431                │
- *   │                                  ▼                            │ forward
- *   │                            CONN_ST_RESPOND ◀── 502/504 ── CONN_ST_FORWARD
- *   │  keep-alive                      │                            │
- *   └──────────────────────────────────┴──────── response done ─────┘
+ *   │                                  │ 400/408/431          │    │ keyed
+ *   │                                  ▼          pass-through│    ▼
+ *   │                            CONN_ST_RESPOND ◀─┐          │ CONN_ST_BODY
+ *   │                              ▲   │ 4xx/409/  │          │    │ buffered
+ *   │                    replay,   │   │ 422/503   │          │    ▼
+ *   │                    problem   └───┼───────────┼──── CONN_ST_CLAIM
+ *   │                                  │           │ 502/504  │    │ won
+ *   │  keep-alive                      │           │          ▼    ▼
+ *   └──────────────────────────────────┴──── response done ─ CONN_ST_FORWARD
  *                                      │ Connection: close
  *                                      ▼
  *                              CONN_ST_CLOSING ──▶ CONN_ST_LINGER ──▶ freed
@@ -18,13 +22,19 @@
  * buffer (bounded by the read watermark) until the response before them is
  * complete, so responses always leave in request order.
  *
- * The parser pauses at the end of the head (DECIDE): this is where the
- * idempotency engine will claim a key before anything is forwarded. Bodies
- * are then streamed: Content-Length bodies move from the client's input
- * buffer to the upstream's output buffer without copying; chunked bodies go
- * through llhttp and are re-chunked. Back-pressure in both directions: when
- * the receiving side's output holds more than CONN_HIGH bytes, the sending
- * side stops reading until it falls below the low watermark.
+ * The parser pauses at the end of the head (DECIDE). Requests that are not
+ * protected, or carry no key, are forwarded with their bodies streamed:
+ * Content-Length bodies move from the client's input buffer to the
+ * upstream's output buffer without copying; chunked bodies go through
+ * llhttp and are re-chunked. Back-pressure in both directions: when the
+ * receiving side's output holds more than CONN_HIGH bytes, the sending side
+ * stops reading until it falls below the low watermark.
+ *
+ * Keyed requests are buffered whole (BODY, up to max_body), fingerprinted,
+ * and handed to the idempotency engine (idem.c) which claims the key and
+ * answers through the sink at the end of this file: a replay, a problem,
+ * or the winner's upstream response. The winner's exchange belongs to the
+ * engine, so closing this connection never aborts it.
  */
 #include "conn.h"
 
@@ -1194,6 +1204,8 @@ static void decide(struct conn *c)
 	const struct hdrlist *h = &c->req;
 	int k, e;
 
+	/* a request without a body is complete: an answer keeps the connection */
+	c->req_done = c->req_body == BODY_NONE;
 	if (!config_method_protected(cfg, c->method)) {
 		conn_forward(c);
 		return;

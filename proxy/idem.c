@@ -202,24 +202,16 @@ static void up_body(void *arg, struct evbuffer *src, size_t len)
 			ix->cap_overflow = true;
 			evbuffer_drain(ix->cap_body, evbuffer_get_length(ix->cap_body));
 		} else {
-			struct evbuffer_ptr pos;
-			struct evbuffer_iovec v[8];
-			size_t left = len;
-
 			/* copy: the client takes the bytes themselves */
-			evbuffer_ptr_set(src, &pos, 0, EVBUFFER_PTR_SET);
-			while (left > 0) {
-				int n = evbuffer_peek(src, (ev_ssize_t)left, &pos, v, 8);
+			struct evbuffer_iovec v;
 
-				for (int i = 0; i < n && left > 0; i++) {
-					size_t k = v[i].iov_len < left ? v[i].iov_len : left;
-
-					evbuffer_add(ix->cap_body, v[i].iov_base, k);
-					left -= k;
-				}
-				if (left > 0)
-					evbuffer_ptr_set(src, &pos, len - left,
-							 EVBUFFER_PTR_SET);
+			if (evbuffer_reserve_space(ix->cap_body, (ev_ssize_t)len,
+						   &v, 1) == 1 &&
+			    evbuffer_copyout(src, v.iov_base, len) == (ev_ssize_t)len) {
+				v.iov_len = len;
+				evbuffer_commit_space(ix->cap_body, &v, 1);
+			} else {
+				ix->cap_overflow = true;	/* out of memory */
 			}
 		}
 	}
