@@ -101,6 +101,16 @@ void metrics_count(enum counter c)
 	atomic_fetch_add_explicit(&m.counters[c], 1, memory_order_relaxed);
 }
 
+void metrics_count_n(enum counter c, unsigned long n)
+{
+	atomic_fetch_add_explicit(&m.counters[c], n, memory_order_relaxed);
+}
+
+void metrics_gauge_set(enum gauge g, long value)
+{
+	atomic_store_explicit(&m.gauges[g], value, memory_order_relaxed);
+}
+
 void metrics_store_error(enum store_kind k)
 {
 	atomic_fetch_add_explicit(&m.store_errors[k], 1, memory_order_relaxed);

@@ -62,13 +62,15 @@ enum upstream_error {
 #define GAUGE_LIST(X) \
 	X(connections,          "Open client connections.") \
 	X(upstream_connections, "Open connections to the upstream, busy or idle.") \
-	X(in_flight,            "Keyed requests this process is executing upstream.")
+	X(in_flight,            "Keyed requests this process is executing upstream.") \
+	X(sweep_lag_seconds,    "How long after expiry the oldest record of the last sweep batch was deleted.")
 
 /* Plain counters: name, help. */
 #define COUNTER_LIST(X) \
 	X(redis_hits_total,        "Replays answered from Redis without PostgreSQL.") \
 	X(completion_retries_total, "Completion or release writes retried after a store error.") \
-	X(completion_failures_total, "Completions or releases given up; the lease resolves the key.")
+	X(completion_failures_total, "Completions or releases given up; the lease resolves the key.") \
+	X(sweep_deleted_total,     "Expired records deleted by the sweeper.")
 
 enum counter {
 #define X(name, help) COUNTER_##name,
@@ -114,6 +116,8 @@ void metrics_client_error(enum client_error e);
 void metrics_upstream_error(enum upstream_error e);
 void metrics_gauge_add(enum gauge g, long delta);
 void metrics_count(enum counter c);
+void metrics_count_n(enum counter c, unsigned long n);
+void metrics_gauge_set(enum gauge g, long value);
 void metrics_store_error(enum store_kind k);
 void metrics_observe(enum histogram h, double seconds);
 

@@ -117,6 +117,13 @@ struct store_ops {
 	/* Delete expired records (a batch); called by the main thread's
 	 * timer every --sweep-interval. May work asynchronously on base. */
 	void (*sweep)(struct store *s, struct event_base *base);
+	/* A thread starts or stops using the store with its loop (before the
+	 * loop runs; before its base is freed). Per-thread connections are
+	 * opened and closed here. Either may be NULL. */
+	void (*thread_init)(struct store *s, struct event_base *base);
+	void (*thread_done)(struct store *s, struct event_base *base);
+	/* Which store a failure is counted against (metrics). */
+	int kind;
 	void (*free)(struct store *s);
 };
 
@@ -181,6 +188,18 @@ static inline void store_cancel(struct store_op *op)
 static inline void store_sweep(struct store *s, struct event_base *base)
 {
 	s->ops->sweep(s, base);
+}
+
+static inline void store_thread_init(struct store *s, struct event_base *base)
+{
+	if (s->ops->thread_init != NULL)
+		s->ops->thread_init(s, base);
+}
+
+static inline void store_thread_done(struct store *s, struct event_base *base)
+{
+	if (s->ops->thread_done != NULL)
+		s->ops->thread_done(s, base);
 }
 
 static inline bool store_ready(struct store *s)

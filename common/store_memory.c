@@ -20,6 +20,8 @@
 
 #include <event2/event.h>
 
+#include "metrics.h"
+
 #define NBUCKETS_MIN 1024
 
 struct mem_op;
@@ -157,6 +159,13 @@ static void remove_entry(struct mem_store *m, struct mem_entry **pp)
 	free(e);
 }
 
+/* An in-flight record lives for ttl, and at least as long as its lease, so
+ * that it never expires under a live owner. */
+static uint64_t inflight_ttl(const struct store_claim *c)
+{
+	return c->ttl_ms > c->lease_ms ? c->ttl_ms : c->lease_ms;
+}
+
 static bool expired(const struct mem_entry *e, uint64_t now)
 {
 	return e->expires_at <= now;
@@ -264,7 +273,7 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		memcpy(e->fp, c->fp, FP_LEN);
 		memcpy(e->owner, o->res.owner, sizeof(e->owner));
 		e->lease_until = now + c->lease_ms;
-		e->expires_at = now + c->ttl_ms;
+		e->expires_at = now + inflight_ttl(c);
 		e->bytes = need;
 		TAILQ_INIT(&e->waiters);
 		pp = find_slot(m, id, len, h);	/* sweeping may have moved it */
@@ -288,7 +297,7 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		}
 		memcpy(e->owner, o->res.owner, sizeof(e->owner));
 		e->lease_until = now + c->lease_ms;
-		e->expires_at = now + c->ttl_ms;
+		e->expires_at = now + inflight_ttl(c);
 		st = STORE_WON;
 	} else {
 		st = STORE_IN_FLIGHT;
@@ -492,6 +501,7 @@ static const struct store_ops mem_ops = {
 	.ready = mem_ready,
 	.sweep = mem_sweep,
 	.free = mem_free,
+	.kind = STORE_KIND_MEMORY,
 };
 
 struct store *store_memory_new(size_t max_bytes, store_clock_fn clock)

@@ -276,7 +276,7 @@ static void on_extended(void *arg, const struct store_result *res)
 		log_warn("key %s: lease lost to another request while executing",
 			 ix->req.claim.key.key);
 	else if (res->status == STORE_ERROR)
-		metrics_store_error(STORE_KIND_MEMORY);
+		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
 	if (ix->state == IDEM_ST_FORWARD)
 		arm_timer(ix, ix->req.claim.lease_ms / 2);
 }
@@ -332,7 +332,7 @@ static void on_settled(void *arg, const struct store_result *res)
 			 "not written", ix->req.claim.key.key);
 		break;
 	default:
-		metrics_store_error(STORE_KIND_MEMORY);
+		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
 		if (++ix->attempts < SETTLE_ATTEMPTS) {
 			metrics_count(COUNTER_completion_retries_total);
 			arm_timer(ix, (uint64_t)SETTLE_BACKOFF_MS << (ix->attempts - 1));
@@ -459,7 +459,7 @@ static void on_claim(void *arg, const struct store_result *res)
 	case STORE_FULL:
 	case STORE_ERROR:
 	default:
-		metrics_store_error(STORE_KIND_MEMORY);
+		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
 		evtimer_del(ix->timer);
 		if (ix->req.store_down == STORE_DOWN_FAIL_OPEN) {
 			log_warn("key %s: store %s, forwarding unprotected (fail-open)",

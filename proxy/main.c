@@ -25,10 +25,13 @@
 #include "log.h"
 #include "store.h"
 #include "store_memory.h"
+#include "store_pg.h"
 #include "upstream.h"
 #include "worker.h"
 
 #define LISTEN_BACKLOG 1024
+/* PostgreSQL connections per worker loop (plus one for LISTEN). */
+#define PG_CONNS_PER_WORKER 4
 
 extern char **environ;
 
@@ -180,15 +183,14 @@ static int run(struct daemon *d)
 		log_error("%s", err);
 		return 1;
 	}
-	if (strcmp(cfg->store, "memory") != 0) {
-		log_error("--store %s: only the memory store is available in this "
-			  "version", cfg->store);
-		return 1;
-	}
-	d->store = store_memory_new(cfg->memory_max_bytes, NULL);
+	if (strcmp(cfg->store, "memory") == 0)
+		d->store = store_memory_new(cfg->memory_max_bytes, NULL);
+	else
+		d->store = store_pg_new(cfg->store, PG_CONNS_PER_WORKER);
 	d->base = event_base_new();
 	if (d->store == NULL || d->base == NULL)
 		return 1;
+	store_thread_init(d->store, d->base);	/* the sweeper's connections */
 	d->admin = admin_new(d->base, cfg->admin_hp.host, cfg->admin_hp.port,
 			     d->store, err, sizeof(err));
 	if (d->admin == NULL) {
@@ -269,10 +271,47 @@ static void cleanup(struct daemon *d)
 	if (d->sweep)
 		event_free(d->sweep);
 	admin_free(d->admin);
+	if (d->store != NULL && d->base != NULL)
+		store_thread_done(d->store, d->base);
 	store_free(d->store);
 	if (d->base)
 		event_base_free(d->base);
 	config_unref(d->cfg);
+}
+
+/*
+ * idemproxy migrate --store postgres://... : create or upgrade the schema
+ * (blocking: this is a one-shot command, not the daemon).
+ */
+static int migrate(int argc, char **argv)
+{
+	const char *store = getenv("IDEMPROXY_STORE");
+	char err[512];
+
+	for (int i = 2; i < argc; i++) {
+		if (strcmp(argv[i], "--store") == 0 && i + 1 < argc)
+			store = argv[++i];
+		else if (strncmp(argv[i], "--store=", 8) == 0)
+			store = argv[i] + 8;
+		else {
+			fprintf(stderr, "idemproxy migrate: unexpected argument \"%s\" "
+				"(usage: idemproxy migrate --store postgres://...)\n",
+				argv[i]);
+			return 2;
+		}
+	}
+	if (store == NULL || (strncmp(store, "postgres://", 11) != 0 &&
+			      strncmp(store, "postgresql://", 13) != 0)) {
+		fprintf(stderr, "idemproxy migrate: --store must be a postgres:// URL "
+			"(the memory store has no schema)\n");
+		return 2;
+	}
+	if (store_pg_migrate(store, err, sizeof(err)) < 0) {
+		fprintf(stderr, "idemproxy migrate: %s\n", err);
+		return 1;
+	}
+	printf("idemproxy migrate: schema is up to date\n");
+	return 0;
 }
 
 int main(int argc, char **argv)
@@ -281,6 +320,9 @@ int main(int argc, char **argv)
 	enum config_action action;
 	char err[512];
 	int rc;
+
+	if (argc > 1 && strcmp(argv[1], "migrate") == 0)
+		return migrate(argc, argv);
 
 	if (config_parse(argc, argv, environ, &d.cfg, &action, err,
 			 sizeof(err)) < 0) {

@@ -167,6 +167,7 @@ int worker_init(struct worker *w, int id, struct config *cfg,
 	TAILQ_INIT(&w->idem.orphans);
 	w->idem.orphans_changed = orphans_changed;
 	w->idem.orphans_arg = w;
+	store_thread_init(store, w->base);
 	w->notify = event_new(w->base, -1, 0, notify_cb, w);
 	w->reap_ev = event_new(w->base, -1, 0, reap_cb, w);
 	w->drain_timer = evtimer_new(w->base, drain_timeout_cb, w);
@@ -248,6 +249,8 @@ void worker_free(struct worker *w)
 	if (w->listen_fd >= 0)
 		evutil_closesocket(w->listen_fd);
 	upstream_pool_free(w->pool);
+	if (w->store != NULL && w->base != NULL)
+		store_thread_done(w->store, w->base);
 	if (w->notify != NULL)
 		event_free(w->notify);
 	if (w->reap_ev != NULL)

@@ -1,0 +1,37 @@
+/*
+ * store_pg.h - PostgreSQL as the source of truth (DESIGN.md §2).
+ *
+ * Each thread that uses the store (every worker, and the main thread for
+ * the sweeper) gets its own small pool of asynchronous libpq connections on
+ * its own event_base, opened by store_thread_init() and closed by
+ * store_thread_done(). Every new connection runs the migration (under an
+ * advisory lock, idempotent) and prepares the statements before it takes
+ * work. Claims are one atomic statement; completion and release are fenced
+ * by the owner token and NOTIFY the key's channel; waiters LISTEN, with a
+ * bounded poll as the safety net.
+ */
+#ifndef IDEMPROXY_STORE_PG_H
+#define IDEMPROXY_STORE_PG_H
+
+#include <stddef.h>
+
+#include "store.h"
+
+#define MUSTCHECK __attribute__((warn_unused_result))
+
+/* conninfo: a postgres:// URL or key=value string (libpq's). */
+struct store *store_pg_new(const char *conninfo, int conns_per_thread);
+
+/*
+ * Create or upgrade the schema with a blocking connection: for
+ * `idemproxy migrate` only, never on an event loop. Returns 0, or -1 with
+ * a message in err.
+ */
+int store_pg_migrate(const char *conninfo, char *err, size_t errlen) MUSTCHECK;
+
+/* The SQL the store issues, for docs and benchmarks (pgbench). */
+extern const char store_pg_schema_sql[];
+extern const char store_pg_claim_sql[];
+extern const char store_pg_complete_sql[];
+
+#endif
