@@ -459,9 +459,18 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		conn_fail(c, "statement timed out");
 }
 
+/* The server's notices (e.g. FATAL at shutdown) are not ours to print;
+ * failures reach the log through conn_fail. */
+static void quiet(void *arg, const char *message)
+{
+	log_debug("postgres: %s", message);
+}
+
 static void conn_start(struct pg_conn *c)
 {
 	c->pg = PQconnectStart(c->local->s->conninfo);
+	if (c->pg != NULL)
+		PQsetNoticeProcessor(c->pg, quiet, NULL);
 	if (c->pg == NULL || PQstatus(c->pg) == CONNECTION_BAD ||
 	    PQsetnonblocking(c->pg, 1) != 0) {
 		conn_fail(c, "cannot start a connection");

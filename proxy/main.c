@@ -50,6 +50,30 @@ struct daemon {
 	bool stopping;
 };
 
+/*
+ * SO_REUSEPORT would let us share a port with another process (a second
+ * idemproxy started by mistake) and silently split its traffic. A probe
+ * bound without it fails when anyone holds the port. Our own workers'
+ * sockets are not bound yet when the first one probes.
+ */
+static bool port_free(const struct addrinfo *ai)
+{
+	static bool probed;
+	int fd, one = 1;
+	bool ok;
+
+	if (probed)
+		return true;	/* only before the first of our sockets */
+	probed = true;
+	fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return true;	/* let the real bind report */
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	ok = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+	close(fd);
+	return ok;
+}
+
 /* Open one listening socket on host:port. With *port "0" the kernel picks,
  * and *port is rewritten so that the other workers share the same port. */
 static evutil_socket_t open_listener(const char *host, char *port, size_t portlen,
@@ -69,6 +93,10 @@ static evutil_socket_t open_listener(const char *host, char *port, size_t portle
 		snprintf(err, errlen, "--listen %s:%s: %s", host, port,
 			 gai_strerror(rc));
 		return -1;
+	}
+	if (strcmp(port, "0") != 0 && !port_free(res)) {
+		errno = EADDRINUSE;
+		goto fail;
 	}
 	fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
 	if (fd < 0)
