@@ -804,3 +804,56 @@ def test_metrics_waiters(proxy, stub):
     d = delta(before, outcomes(proxy))
     assert d == {"forwarded": 1, "replayed": 3}, d
     assert wait_metric(proxy, "idemproxy_in_flight", 0) == 0
+
+
+# ------------------------------------------------ connections coming and going
+
+def test_pipelined_duplicates_on_one_connection(proxy, stub):
+    key = newkey("pipe")
+    raw = kreq("POST", "/orders?delay_ms=100", key, ORDER)
+    with RawConn(proxy.port) as c:
+        c.send(raw + raw + raw)
+        rs = [c.read_response() for _ in range(3)]
+    assert all(r.status == 200 for r in rs)
+    assert_identical(rs)
+    assert not replayed(rs[0]) and replayed(rs[1]) and replayed(rs[2])
+    assert executions(stub) == 1
+
+
+def test_waiter_disconnects_while_waiting(proxy, stub):
+    key = newkey("wgone")
+    raw = kreq("POST", "/orders?delay_ms=500", key, ORDER)
+    with RawConn(proxy.port) as a:
+        a.send(raw)
+        time.sleep(0.1)
+        for _ in range(5):
+            w = RawConn(proxy.port)
+            w.send(raw)
+            time.sleep(0.02)
+            w.close()
+        first = a.read_response()
+    assert first.status == 200
+    r = post(proxy.port, key, "/orders?delay_ms=500")
+    assert replayed(r) and r.body == first.body
+    assert executions(stub) == 1
+    assert wait_metric(proxy, "idemproxy_in_flight", 0) == 0
+
+
+def test_winner_disconnects_waiters_still_replay(proxy, stub):
+    key = newkey("wingone")
+    raw = kreq("POST", "/orders?delay_ms=400", key, ORDER)
+    a = RawConn(proxy.port)
+    a.send(raw)
+    time.sleep(0.1)
+    conns = [RawConn(proxy.port) for _ in range(3)]
+    for c in conns:
+        c.send(raw)
+    time.sleep(0.05)
+    a.close()
+    rs = [c.read_response() for c in conns]
+    for c in conns:
+        c.close()
+    assert all(r.status == 200 and replayed(r) for r in rs)
+    assert_identical(rs)
+    assert upstream_echo(rs[0])["n"] == 1
+    assert executions(stub) == 1
