@@ -60,6 +60,7 @@ struct mem_op {
 	void *arg;
 	struct store_result res;
 	bool watch;			/* a watch: other threads may touch it */
+	struct store_key key;		/* a claim's key, to undo a cancelled win */
 	struct mem_entry *watching;	/* on its waiter list, under mu */
 	TAILQ_ENTRY(mem_op) wlink;
 };
@@ -248,6 +249,7 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 
 	if (o == NULL)
 		return NULL;
+	o->key = c->key;
 	pthread_mutex_lock(&m->mu);
 	now = m->clock();
 	pp = find_slot(m, id, len, h);
@@ -403,7 +405,12 @@ static struct store_op *mem_extend(struct store *s, struct event_base *base,
 	pthread_mutex_lock(&m->mu);
 	pp = find_owned(m, k, owner);
 	if (pp != NULL) {
-		(*pp)->lease_until = m->clock() + lease_ms;
+		struct mem_entry *e = *pp;
+
+		e->lease_until = m->clock() + lease_ms;
+		/* never expire under a live owner */
+		if (e->expires_at < e->lease_until)
+			e->expires_at = e->lease_until;
 		st = STORE_OK;
 	}
 	pthread_mutex_unlock(&m->mu);
@@ -449,6 +456,17 @@ static void mem_cancel(struct store_op *op)
 	struct mem_op *o = (struct mem_op *)op;
 	struct mem_store *m = (struct mem_store *)op->store;
 
+	if (o->res.status == STORE_WON && !o->watch) {
+		/* a win nobody will execute: give the key back at once instead
+		 * of leaving it in flight for a whole lease */
+		struct mem_entry **pp;
+
+		pthread_mutex_lock(&m->mu);
+		pp = find_owned(m, &o->key, o->res.owner);
+		if (pp != NULL)
+			remove_entry(m, pp);
+		pthread_mutex_unlock(&m->mu);
+	}
 	if (o->watch) {
 		/* under the lock, so that no thread is activating it meanwhile */
 		pthread_mutex_lock(&m->mu);

@@ -380,10 +380,11 @@ static void settle(struct idem *ix)
 			ix->outcome = problem_response(ix->error);
 	} else if (!idem_status_releases(ix->status, ix->req.on_upstream_error)) {
 		size_t blen = evbuffer_get_length(ix->cap_body);
+		size_t hlen = evbuffer_get_length(ix->cap_head);
 
 		ix->outcome = stored_response_new(ix->status,
-			(const char *)evbuffer_pullup(ix->cap_head, -1),
-			evbuffer_get_length(ix->cap_head),
+			hlen ? (const char *)evbuffer_pullup(ix->cap_head, -1) : "",
+			hlen,
 			blen ? (const char *)evbuffer_pullup(ix->cap_body, -1) : "",
 			blen, !ix->cap_overflow);
 	}

@@ -857,3 +857,22 @@ def test_winner_disconnects_waiters_still_replay(proxy, stub):
     assert_identical(rs)
     assert upstream_echo(rs[0])["n"] == 1
     assert executions(stub) == 1
+
+
+def test_two_workers_waiters_woken_across_threads(make_proxy, stub):
+    """Waiters parked on either worker are woken by the winner's completion
+    on the other one (not by the wait timeout or the lease)."""
+    p = make_proxy("--wait-timeout", "5s", workers=2)
+    for round_ in range(3):
+        key = newkey(f"x{round_}")
+        raw = kreq("POST", "/orders?delay_ms=300", key, ORDER)
+        t0 = time.monotonic()
+        rs = burst(p.port, 16, raw)
+        elapsed = time.monotonic() - t0
+        assert all(r.status == 200 for r in rs), [r.status for r in rs]
+        assert_identical(rs)
+        assert_one_original(rs)
+        assert elapsed < 2.0, elapsed
+    assert executions(stub) == 3
+    before = outcomes(p)
+    assert before["forwarded"] == 3 and before["replayed"] == 45, before

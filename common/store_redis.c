@@ -1,0 +1,1080 @@
+/*
+ * store_redis.c - the Redis fast path layered over another store (see
+ * store_redis.h).
+ *
+ *   claim ──▶ connection of this base up? ──no──▶ inner claim (its handle)
+ *                    │yes
+ *                    ▼
+ *             GET idemproxy:<scope>:<key>  + timer (50 ms)
+ *                    │
+ *     ┌──────────────┼─────────────────────────┬──────────────────┐
+ *   value, same fp  value, other fp      nil / error / NULL    timer first
+ *   COMPLETED       MISMATCH             inner claim           drop the
+ *   (delivered next loop turn)           (result passed         connection,
+ *                                         through)             inner claim
+ *
+ *   complete ──▶ inner complete ──OK──▶ SET key value PX ttl (no reply awaited)
+ *
+ * One connection per (store, event_base), found through a thread-specific
+ * list, so operations never take a lock. A GET's reply callback gets a
+ * "ticket" rather than the claim: hiredis runs every callback exactly once
+ * (with the reply, or with NULL when the connection goes away), while a claim
+ * may be cancelled or time out first; it then only clears ticket->op.
+ *
+ * A timed-out lookup drops the whole connection (redisAsyncFree runs the
+ * other pending callbacks with NULL, so they fall back too) and reconnects
+ * after the back-off: that bounds what can pile up behind a stuck Redis and
+ * notices a dead peer that never sent a reset. The back-off is reset only by
+ * a good reply to a GET or SET, so a Redis that accepts connections but
+ * answers slowly is retried ever less often, up to every 5 s.
+ */
+#include "store_redis.h"
+
+#include <limits.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <event2/event.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/async.h>
+#include <hiredis/adapters/libevent.h>
+
+#include "log.h"
+#include "metrics.h"
+
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 5000
+#define MAX_PENDING 4096	/* commands awaiting replies, per connection */
+#define KEY_PREFIX "idemproxy:"
+#define KEY_MAX (sizeof(KEY_PREFIX) + STORE_SCOPE_LEN + 1 + IDEMKEY_MAX + 1)
+
+enum rconn_state {
+	RC_DOWN,		/* no connection; the retry timer may be armed */
+	RC_CONNECTING,		/* TCP connect in progress */
+	RC_SELECTING,		/* connected, SELECT db sent */
+	RC_UP,			/* usable for lookups and write-through */
+};
+
+struct redis_store;
+
+/* Which operation a handle of ours is. */
+enum redis_op_kind {
+	OP_CLAIM,		/* struct redis_claim */
+	OP_COMPLETE,		/* struct redis_complete */
+};
+
+/*
+ * The fingerprint of a claim we saw won, until its owner completes or
+ * releases it: complete() is not given the fingerprint, and the cached
+ * value must carry it. Entries left behind (an owner that never settles)
+ * go at the record's expiry, in sweep().
+ */
+struct fp_entry {
+	struct fp_entry *next;
+	char owner[STORE_OWNER_LEN + 1];
+	uint8_t fp[FP_LEN];
+	uint64_t expires_ms;		/* monotonic */
+};
+
+/* One Redis connection, used by one event_base (one thread). */
+struct rconn {
+	struct redis_store *rs;
+	struct event_base *base;
+	enum rconn_state state;
+	redisAsyncContext *ac;		/* NULL when RC_DOWN */
+	struct event *retry;		/* reconnect timer */
+	unsigned backoff_ms;		/* the next retry's delay */
+	unsigned pending;		/* GETs and SETs awaiting replies */
+	bool failing;			/* an outage was logged */
+	LIST_ENTRY(rconn) link;		/* rs->conns, under rs->mu */
+	struct rconn *tl_next;		/* the creating thread's list */
+};
+
+struct redis_store {
+	struct store base;
+	struct store *inner;
+	char host[256];			/* as configured */
+	char addr[64];			/* numeric, once resolved */
+	atomic_bool resolved;
+	int port;
+	int db;
+	atomic_uint timeout_ms;
+	pthread_key_t tl_key;		/* this thread's struct rconn list */
+	pthread_mutex_t mu;		/* conns */
+	LIST_HEAD(, rconn) conns;
+	pthread_mutex_t fp_mu;		/* the fp_* fields */
+	struct fp_entry **fp_buckets;
+	size_t fp_nbuckets, fp_count;
+};
+
+enum claim_state {
+	CLAIM_LOOKUP,		/* GET sent: ticket and timer pending */
+	CLAIM_INNER,		/* handed to the inner store: inner pending */
+	CLAIM_DELIVER,		/* answered here: delivery event active */
+};
+
+struct redis_claim;
+
+/* The private data of one GET; freed by its reply callback. */
+struct ticket {
+	struct redis_claim *op;		/* NULL: cancelled or timed out */
+};
+
+struct redis_claim {
+	struct store_op op;		/* first: the generic handle */
+	enum redis_op_kind kind;	/* OP_CLAIM */
+	struct redis_store *rs;
+	struct event_base *base;
+	enum claim_state state;
+	struct store_claim claim;
+	store_cb cb;
+	void *arg;
+	struct rconn *rc;		/* CLAIM_LOOKUP */
+	struct ticket *ticket;		/* CLAIM_LOOKUP */
+	struct store_op *inner;		/* CLAIM_INNER */
+	struct event *ev;		/* lookup timer, then delivery */
+	struct store_result res;	/* CLAIM_DELIVER */
+};
+
+struct redis_complete {
+	struct store_op op;		/* first: the generic handle */
+	enum redis_op_kind kind;	/* OP_COMPLETE */
+	struct redis_store *rs;
+	struct event_base *base;
+	struct store_key key;
+	char owner[STORE_OWNER_LEN + 1];
+	bool have_fp;			/* else no write-through */
+	uint8_t fp[FP_LEN];
+	struct stored_response *resp;	/* our reference */
+	uint64_t ttl_ms;
+	store_cb cb;
+	void *arg;
+	struct store_op *inner;
+};
+
+static const struct store_ops redis_ops;
+
+static uint64_t monotonic_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ---- the value format ---- */
+
+static void put32(unsigned char *p, uint32_t v)
+{
+	p[0] = (unsigned char)(v >> 24);
+	p[1] = (unsigned char)(v >> 16);
+	p[2] = (unsigned char)(v >> 8);
+	p[3] = (unsigned char)v;
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
+	       (uint32_t)p[2] << 8 | (uint32_t)p[3];
+}
+
+char *store_redis_encode(const uint8_t fp[FP_LEN],
+			 const struct stored_response *resp, size_t *len)
+{
+	unsigned char *buf, *p;
+	size_t n;
+
+	if (resp->head_len > UINT32_MAX || resp->body_len > UINT32_MAX ||
+	    resp->status < 0 || resp->status > 0xffff ||
+	    resp->head_len + resp->body_len > SIZE_MAX - STORE_REDIS_HDR_LEN)
+		return NULL;
+	n = STORE_REDIS_HDR_LEN + resp->head_len + resp->body_len;
+	buf = malloc(n);
+	if (buf == NULL)
+		return NULL;
+	p = buf;
+	memcpy(p, STORE_REDIS_MAGIC, 4);
+	p += 4;
+	memcpy(p, fp, FP_LEN);
+	p += FP_LEN;
+	*p++ = (unsigned char)(resp->status >> 8);
+	*p++ = (unsigned char)resp->status;
+	*p++ = resp->body_stored ? 1 : 0;
+	put32(p, (uint32_t)resp->head_len);
+	p += 4;
+	if (resp->head_len > 0)
+		memcpy(p, resp->head, resp->head_len);
+	p += resp->head_len;
+	put32(p, (uint32_t)resp->body_len);
+	p += 4;
+	if (resp->body_len > 0)
+		memcpy(p, resp->body, resp->body_len);
+	*len = n;
+	return (char *)buf;
+}
+
+struct stored_response *store_redis_decode(const char *buf, size_t len,
+					   uint8_t fp[FP_LEN])
+{
+	const unsigned char *p = (const unsigned char *)buf;
+	size_t head_len, body_len;
+	int status;
+	bool body_stored;
+
+	if (len < STORE_REDIS_HDR_LEN || memcmp(p, STORE_REDIS_MAGIC, 4) != 0)
+		return NULL;
+	status = p[36] << 8 | p[37];
+	if (p[38] > 1)
+		return NULL;
+	body_stored = p[38] == 1;
+	head_len = get32(p + 39);
+	if (head_len > len - STORE_REDIS_HDR_LEN)
+		return NULL;
+	body_len = get32(p + 43 + head_len);
+	if (body_len != len - STORE_REDIS_HDR_LEN - head_len)
+		return NULL;
+	memcpy(fp, p + 4, FP_LEN);
+	return stored_response_new(status, buf + 43, head_len,
+				   buf + 47 + head_len, body_len, body_stored);
+}
+
+static int make_key(const struct store_key *k, char buf[KEY_MAX])
+{
+	return snprintf(buf, KEY_MAX, KEY_PREFIX "%s:%s", k->scope, k->key);
+}
+
+/* ---- connections ---- */
+
+static void rc_connect(struct rconn *rc);
+
+static void retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	rc_connect(arg);
+}
+
+/* The connection is gone (or never came): count, log once per outage,
+ * reconnect after the back-off. */
+static void rc_failed(struct rconn *rc, const char *why)
+{
+	struct redis_store *rs = rc->rs;
+	struct timeval tv = { (time_t)(rc->backoff_ms / 1000),
+			      (suseconds_t)(rc->backoff_ms % 1000) * 1000 };
+
+	metrics_store_error(STORE_KIND_REDIS);
+	if (!rc->failing)
+		log_warn("redis %s:%d: %s; claims go to the store until it is back",
+			 rs->host, rs->port, why);
+	else
+		log_debug("redis %s:%d: %s", rs->host, rs->port, why);
+	rc->failing = true;
+	rc->state = RC_DOWN;
+	rc->ac = NULL;
+	rc->pending = 0;
+	evtimer_add(rc->retry, &tv);
+	rc->backoff_ms = rc->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
+							       : rc->backoff_ms * 2;
+}
+
+/*
+ * Close rc's connection ourselves: every pending reply callback runs with
+ * NULL (at once, or when the callback we are in returns), and no
+ * connect/disconnect callback acts on it (ac->data is cleared first). why:
+ * reconnect after the back-off, counted and logged; NULL: for good.
+ */
+static void rc_drop(struct rconn *rc, const char *why)
+{
+	redisAsyncContext *ac = rc->ac;
+
+	if (ac == NULL)
+		return;
+	rc->ac = NULL;
+	rc->state = RC_DOWN;
+	rc->pending = 0;
+	ac->data = NULL;
+	redisAsyncFree(ac);
+	if (why != NULL)
+		rc_failed(rc, why);
+}
+
+static void on_select(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct rconn *rc = ac->data;
+	redisReply *reply = r;
+
+	(void)priv;
+
+	if (rc == NULL || reply == NULL)
+		return;		/* dropped: the disconnect callback acts */
+	if (reply->type == REDIS_REPLY_ERROR) {
+		char why[160];
+
+		snprintf(why, sizeof(why), "SELECT %d: %.100s", rc->rs->db,
+			 reply->str);
+		rc_drop(rc, why);
+		return;
+	}
+	if (rc->failing)
+		log_info("redis %s:%d: connected", rc->rs->host, rc->rs->port);
+	rc->failing = false;
+	rc->state = RC_UP;
+}
+
+static void on_connect(const redisAsyncContext *cac, int status)
+{
+	struct rconn *rc = cac->data;
+
+	if (rc == NULL)
+		return;
+	if (status != REDIS_OK) {
+		/* hiredis frees the context when we return */
+		rc->ac = NULL;
+		rc_failed(rc, cac->errstr[0] != '\0' ? cac->errstr : "cannot connect");
+		return;
+	}
+	rc->state = RC_SELECTING;
+	if (redisAsyncCommand(rc->ac, on_select, NULL, "SELECT %d",
+			      rc->rs->db) != REDIS_OK)
+		rc->state = RC_CONNECTING;	/* disconnecting: callback follows */
+}
+
+static void on_disconnect(const redisAsyncContext *cac, int status)
+{
+	struct rconn *rc = cac->data;
+
+	(void)status;
+
+	if (rc == NULL)
+		return;		/* we closed it */
+	rc->ac = NULL;
+	rc_failed(rc, cac->errstr[0] != '\0' ? cac->errstr : "connection closed");
+}
+
+/* Start connecting (RC_DOWN -> RC_CONNECTING), or schedule another try. */
+static void rc_connect(struct rconn *rc)
+{
+	struct redis_store *rs = rc->rs;
+	redisAsyncContext *ac;
+
+	if (!atomic_load_explicit(&rs->resolved, memory_order_acquire)) {
+		rc_failed(rc, "host not resolved yet");
+		return;
+	}
+	ac = redisAsyncConnect(rs->addr, rs->port);
+	if (ac == NULL || ac->err != 0) {
+		char why[160];
+
+		snprintf(why, sizeof(why), "%.150s",
+			 ac != NULL ? ac->errstr : "out of memory");
+		if (ac != NULL)
+			redisAsyncFree(ac);
+		rc_failed(rc, why);
+		return;
+	}
+	ac->data = rc;
+	if (redisLibeventAttach(ac, rc->base) != REDIS_OK) {
+		ac->data = NULL;
+		redisAsyncFree(ac);
+		rc_failed(rc, "cannot attach to the event loop");
+		return;
+	}
+	redisAsyncSetConnectCallback(ac, on_connect);
+	redisAsyncSetDisconnectCallback(ac, on_disconnect);
+	rc->ac = ac;
+	rc->state = RC_CONNECTING;
+}
+
+/* This thread's connection for base; made (and started) if create. */
+static struct rconn *rc_get(struct redis_store *rs, struct event_base *base,
+			    bool create)
+{
+	struct rconn *head = pthread_getspecific(rs->tl_key), *rc;
+
+	for (rc = head; rc != NULL; rc = rc->tl_next)
+		if (rc->base == base)
+			return rc;
+	if (!create || (rc = calloc(1, sizeof(*rc))) == NULL)
+		return NULL;
+	rc->rs = rs;
+	rc->base = base;
+	rc->state = RC_DOWN;
+	rc->backoff_ms = BACKOFF_MIN_MS;
+	rc->retry = evtimer_new(base, retry_cb, rc);
+	rc->tl_next = head;
+	if (rc->retry == NULL || pthread_setspecific(rs->tl_key, rc) != 0) {
+		if (rc->retry != NULL)
+			event_free(rc->retry);
+		free(rc);
+		return NULL;
+	}
+	pthread_mutex_lock(&rs->mu);
+	LIST_INSERT_HEAD(&rs->conns, rc, link);
+	pthread_mutex_unlock(&rs->mu);
+	rc_connect(rc);
+	return rc;
+}
+
+/* Close and free rc (already off every list). Pending lookups fall back to
+ * the inner store; needs rc->base alive. */
+static void rc_free(struct rconn *rc)
+{
+	event_free(rc->retry);
+	rc_drop(rc, NULL);
+	free(rc);
+}
+
+/* Thread exit: close the connections this thread made (their bases are
+ * still alive: worker bases are freed after the join). */
+static void tl_destroy(void *v)
+{
+	struct rconn *rc = v, *next;
+
+	for (; rc != NULL; rc = next) {
+		next = rc->tl_next;
+		pthread_mutex_lock(&rc->rs->mu);
+		LIST_REMOVE(rc, link);
+		pthread_mutex_unlock(&rc->rs->mu);
+		rc_free(rc);
+	}
+}
+
+void store_redis_thread_done(struct store *s, struct event_base *base)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+	struct rconn *head = pthread_getspecific(rs->tl_key), **pp, *rc;
+
+	for (pp = &head; *pp != NULL; pp = &(*pp)->tl_next)
+		if ((*pp)->base == base)
+			break;
+	rc = *pp;
+	if (rc == NULL)
+		return;
+	*pp = rc->tl_next;
+	pthread_setspecific(rs->tl_key, head);
+	pthread_mutex_lock(&rs->mu);
+	LIST_REMOVE(rc, link);
+	pthread_mutex_unlock(&rs->mu);
+	rc_free(rc);
+}
+
+bool store_redis_connected(struct store *s, struct event_base *base)
+{
+	struct rconn *rc = rc_get((struct redis_store *)s, base, false);
+
+	return rc != NULL && rc->state == RC_UP;
+}
+
+/* ---- fingerprints of won claims, by owner token ---- */
+
+#define FP_NBUCKETS_MIN 256
+
+/* Owner tokens are random hex: their first 16 digits are a fine hash. */
+static size_t fp_slot(const struct redis_store *rs, const char *owner)
+{
+	uint64_t h = 0;
+
+	for (int i = 0; i < 16 && owner[i] != '\0'; i++)
+		h = h << 4 | (uint64_t)(owner[i] <= '9' ? owner[i] - '0'
+							: (owner[i] | 0x20) - 'a' + 10);
+	return (size_t)(h & (rs->fp_nbuckets - 1));
+}
+
+/* Under fp_mu. */
+static struct fp_entry **fp_find(struct redis_store *rs, const char *owner)
+{
+	struct fp_entry **pp = &rs->fp_buckets[fp_slot(rs, owner)];
+
+	while (*pp != NULL && strcmp((*pp)->owner, owner) != 0)
+		pp = &(*pp)->next;
+	return pp;
+}
+
+/* Under fp_mu. */
+static void fp_grow(struct redis_store *rs)
+{
+	size_t n = rs->fp_nbuckets * 2, old = rs->fp_nbuckets;
+	struct fp_entry **b = calloc(n, sizeof(*b)), **ob = rs->fp_buckets;
+
+	if (b == NULL)
+		return;		/* longer chains, still correct */
+	rs->fp_buckets = b;
+	rs->fp_nbuckets = n;
+	for (size_t i = 0; i < old; i++) {
+		struct fp_entry *e = ob[i], *next;
+
+		for (; e != NULL; e = next) {
+			size_t j = fp_slot(rs, e->owner);
+
+			next = e->next;
+			e->next = b[j];
+			b[j] = e;
+		}
+	}
+	free(ob);
+}
+
+static void fp_put(struct redis_store *rs, const char *owner,
+		   const uint8_t fp[FP_LEN], uint64_t ttl_ms)
+{
+	struct fp_entry *e = malloc(sizeof(*e)), **pp;
+
+	if (e == NULL)
+		return;		/* this record will not be cached */
+	memcpy(e->owner, owner, sizeof(e->owner));
+	e->owner[STORE_OWNER_LEN] = '\0';
+	memcpy(e->fp, fp, FP_LEN);
+	e->expires_ms = monotonic_ms() + ttl_ms;
+	pthread_mutex_lock(&rs->fp_mu);
+	pp = fp_find(rs, e->owner);
+	if (*pp != NULL) {	/* cannot happen with random tokens */
+		struct fp_entry *old = *pp;
+
+		*pp = old->next;
+		free(old);
+		rs->fp_count--;
+	}
+	e->next = rs->fp_buckets[fp_slot(rs, e->owner)];
+	rs->fp_buckets[fp_slot(rs, e->owner)] = e;
+	if (++rs->fp_count > rs->fp_nbuckets)
+		fp_grow(rs);
+	pthread_mutex_unlock(&rs->fp_mu);
+}
+
+/* Copy owner's fingerprint into fp (and forget it, if take). */
+static bool fp_get(struct redis_store *rs, const char *owner, uint8_t fp[FP_LEN],
+		   bool take)
+{
+	struct fp_entry **pp, *e;
+	bool found = false;
+
+	pthread_mutex_lock(&rs->fp_mu);
+	pp = fp_find(rs, owner);
+	if ((e = *pp) != NULL) {
+		if (fp != NULL)
+			memcpy(fp, e->fp, FP_LEN);
+		found = true;
+		if (take) {
+			*pp = e->next;
+			free(e);
+			rs->fp_count--;
+		}
+	}
+	pthread_mutex_unlock(&rs->fp_mu);
+	return found;
+}
+
+/* Drop entries past their record's expiry (all of them, if now is 0). */
+static void fp_purge(struct redis_store *rs, uint64_t now)
+{
+	pthread_mutex_lock(&rs->fp_mu);
+	for (size_t i = 0; i < rs->fp_nbuckets; i++) {
+		struct fp_entry **pp = &rs->fp_buckets[i], *e;
+
+		while ((e = *pp) != NULL) {
+			if (now == 0 || e->expires_ms <= now) {
+				*pp = e->next;
+				free(e);
+				rs->fp_count--;
+			} else {
+				pp = &e->next;
+			}
+		}
+	}
+	pthread_mutex_unlock(&rs->fp_mu);
+}
+
+/* ---- claim ---- */
+
+static void claim_free(struct redis_claim *o)
+{
+	event_free(o->ev);
+	stored_response_unref(o->res.resp);
+	free(o);
+}
+
+static void claim_post(struct redis_claim *o, enum store_status st)
+{
+	o->state = CLAIM_DELIVER;
+	o->res.status = st;
+	event_active(o->ev, EV_TIMEOUT, 1);
+}
+
+static void claim_inner_cb(void *arg, const struct store_result *res)
+{
+	struct redis_claim *o = arg;
+
+	o->inner = NULL;
+	if (res->status == STORE_WON)
+		fp_put(o->rs, res->owner, o->claim.fp, o->claim.ttl_ms);
+	o->cb(o->arg, res);
+	claim_free(o);
+}
+
+/* Let the inner store decide. */
+static void claim_fallback(struct redis_claim *o)
+{
+	o->state = CLAIM_INNER;
+	o->rc = NULL;
+	o->inner = store_claim(o->rs->inner, o->base, &o->claim,
+			       claim_inner_cb, o);
+	if (o->inner == NULL)
+		claim_post(o, STORE_ERROR);
+}
+
+static void claim_ev_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct redis_claim *o = arg;
+
+	(void)fd;
+	(void)what;
+
+	switch (o->state) {
+	case CLAIM_LOOKUP:
+		/* Redis is slow: give up on this connection, not on the claim */
+		o->ticket->op = NULL;
+		o->ticket = NULL;
+		rc_drop(o->rc, "lookup timed out");
+		claim_fallback(o);
+		break;
+	case CLAIM_DELIVER:
+		o->cb(o->arg, &o->res);
+		claim_free(o);
+		break;
+	default:
+		log_error("store_redis: claim event in state %d", (int)o->state);
+		abort();
+	}
+}
+
+static void get_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct ticket *t = priv;
+	struct redis_claim *o = t->op;
+	struct rconn *rc = ac->data;
+	redisReply *reply = r;
+	struct stored_response *resp;
+	uint8_t fp[FP_LEN];
+
+	free(t);
+	if (rc != NULL && rc->pending > 0)
+		rc->pending--;
+	if (o == NULL)
+		return;		/* cancelled or timed out */
+	o->ticket = NULL;
+	evtimer_del(o->ev);
+	if (reply == NULL) {
+		claim_fallback(o);	/* the connection went away */
+		return;
+	}
+	if (reply->type == REDIS_REPLY_NIL) {
+		if (rc != NULL)
+			rc->backoff_ms = BACKOFF_MIN_MS;
+		claim_fallback(o);
+		return;
+	}
+	if (reply->type != REDIS_REPLY_STRING) {
+		metrics_store_error(STORE_KIND_REDIS);
+		log_debug("redis: GET: unexpected reply type %d %.100s",
+			  reply->type, reply->type == REDIS_REPLY_ERROR ?
+			  reply->str : "");
+		claim_fallback(o);
+		return;
+	}
+	if (rc != NULL)
+		rc->backoff_ms = BACKOFF_MIN_MS;
+	resp = store_redis_decode(reply->str, reply->len, fp);
+	if (resp == NULL) {
+		/* not ours, another version, or out of memory */
+		metrics_store_error(STORE_KIND_REDIS);
+		claim_fallback(o);
+		return;
+	}
+	if (memcmp(fp, o->claim.fp, FP_LEN) != 0) {
+		stored_response_unref(resp);
+		claim_post(o, STORE_MISMATCH);
+		return;
+	}
+	metrics_count(COUNTER_redis_hits_total);
+	o->res.resp = resp;
+	claim_post(o, STORE_COMPLETED);
+}
+
+/*
+ * Every claim gets our handle, also when it goes straight to the inner
+ * store: a win must be seen to remember its fingerprint for complete().
+ */
+static struct store_op *redis_claim(struct store *s, struct event_base *base,
+				    const struct store_claim *c, store_cb cb,
+				    void *arg)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+	struct rconn *rc = rc_get(rs, base, true);
+	struct redis_claim *o = calloc(1, sizeof(*o));
+	char key[KEY_MAX];
+	struct timeval tv;
+	unsigned ms;
+	int klen;
+
+	if (o == NULL)
+		return NULL;
+	o->op.store = s;
+	o->kind = OP_CLAIM;
+	o->rs = rs;
+	o->base = base;
+	o->claim = *c;
+	o->cb = cb;
+	o->arg = arg;
+	o->ev = event_new(base, -1, 0, claim_ev_cb, o);
+	if (o->ev == NULL) {
+		free(o);
+		return NULL;
+	}
+	if (rc == NULL || rc->state != RC_UP || rc->pending >= MAX_PENDING ||
+	    (o->ticket = malloc(sizeof(*o->ticket))) == NULL)
+		goto inner;
+	o->ticket->op = o;
+	klen = make_key(&c->key, key);
+	if (redisAsyncCommand(rc->ac, get_cb, o->ticket, "GET %b", key,
+			      (size_t)klen) != REDIS_OK) {
+		free(o->ticket);
+		o->ticket = NULL;
+		goto inner;
+	}
+	rc->pending++;
+	o->state = CLAIM_LOOKUP;
+	o->rc = rc;
+	ms = atomic_load_explicit(&rs->timeout_ms, memory_order_relaxed);
+	tv.tv_sec = (time_t)(ms / 1000);
+	tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+	evtimer_add(o->ev, &tv);
+	return &o->op;
+inner:
+	claim_fallback(o);
+	if (o->state == CLAIM_DELIVER) {	/* the inner store failed at once */
+		claim_free(o);
+		return NULL;
+	}
+	return &o->op;
+}
+
+static void claim_cancel(struct redis_claim *o)
+{
+	switch (o->state) {
+	case CLAIM_LOOKUP:
+		o->ticket->op = NULL;	/* the reply callback frees it */
+		break;
+	case CLAIM_INNER:
+		if (o->inner != NULL)
+			store_cancel(o->inner);
+		break;
+	case CLAIM_DELIVER:
+		break;
+	}
+	claim_free(o);
+}
+
+/* ---- complete, with write-through ---- */
+
+static void set_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct rconn *rc = ac->data;
+	redisReply *reply = r;
+
+	(void)priv;
+
+	if (rc != NULL && rc->pending > 0)
+		rc->pending--;
+	if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+		metrics_store_error(STORE_KIND_REDIS);
+		if (reply != NULL)
+			log_debug("redis: SET: %.100s", reply->str);
+		return;
+	}
+	if (rc != NULL)
+		rc->backoff_ms = BACKOFF_MIN_MS;
+}
+
+/* Cache a completed record; failures are counted, never reported. */
+static void write_through(struct redis_complete *o)
+{
+	struct rconn *rc = rc_get(o->rs, o->base, true);
+	char key[KEY_MAX];
+	char *val;
+	size_t vlen;
+	int klen;
+
+	if (rc == NULL || rc->state != RC_UP || o->ttl_ms == 0)
+		return;		/* down: the outage is counted already */
+	if (rc->pending >= MAX_PENDING) {
+		metrics_store_error(STORE_KIND_REDIS);
+		return;
+	}
+	val = store_redis_encode(o->fp, o->resp, &vlen);
+	if (val == NULL) {
+		metrics_store_error(STORE_KIND_REDIS);
+		return;
+	}
+	klen = make_key(&o->key, key);
+	if (redisAsyncCommand(rc->ac, set_cb, NULL, "SET %b %b PX %llu", key,
+			      (size_t)klen, val, vlen,
+			      (unsigned long long)o->ttl_ms) == REDIS_OK)
+		rc->pending++;
+	else
+		metrics_store_error(STORE_KIND_REDIS);
+	free(val);
+}
+
+static void complete_free(struct redis_complete *o)
+{
+	stored_response_unref(o->resp);
+	free(o);
+}
+
+static void complete_inner_cb(void *arg, const struct store_result *res)
+{
+	struct redis_complete *o = arg;
+
+	o->inner = NULL;
+	/* settled either way: OK, or FENCED (no longer ours) */
+	if (res->status == STORE_OK || res->status == STORE_FENCED)
+		fp_get(o->rs, o->owner, NULL, true);
+	if (res->status == STORE_OK && o->have_fp)
+		write_through(o);
+	o->cb(o->arg, res);
+	complete_free(o);
+}
+
+static struct store_op *redis_complete(struct store *s, struct event_base *base,
+				       const struct store_key *k, const char *owner,
+				       struct stored_response *resp,
+				       uint64_t ttl_ms, store_cb cb, void *arg)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+	struct redis_complete *o = calloc(1, sizeof(*o));
+
+	if (o == NULL)
+		return NULL;
+	o->op.store = s;
+	o->kind = OP_COMPLETE;
+	o->rs = rs;
+	o->base = base;
+	o->key = *k;
+	snprintf(o->owner, sizeof(o->owner), "%s", owner);
+	/* kept until settled: a completion retried after an error caches too */
+	o->have_fp = fp_get(rs, owner, o->fp, false);
+	o->resp = stored_response_ref(resp);
+	o->ttl_ms = ttl_ms;
+	o->cb = cb;
+	o->arg = arg;
+	o->inner = store_complete(rs->inner, base, k, owner, resp, ttl_ms,
+				  complete_inner_cb, o);
+	if (o->inner == NULL) {
+		complete_free(o);
+		return NULL;
+	}
+	return &o->op;
+}
+
+/* ---- the rest: the inner store's ---- */
+
+static struct store_op *redis_release(struct store *s, struct event_base *base,
+				      const struct store_key *k, const char *owner,
+				      store_cb cb, void *arg)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+
+	fp_get(rs, owner, NULL, true);	/* a released record is not cached */
+	return store_release(rs->inner, base, k, owner, cb, arg);
+}
+
+static struct store_op *redis_extend(struct store *s, struct event_base *base,
+				     const struct store_key *k, const char *owner,
+				     uint64_t lease_ms, store_cb cb, void *arg)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+
+	return store_extend(rs->inner, base, k, owner, lease_ms, cb, arg);
+}
+
+static struct store_op *redis_watch(struct store *s, struct event_base *base,
+				    const struct store_key *k, store_cb cb,
+				    void *arg)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+
+	return store_watch(rs->inner, base, k, cb, arg);
+}
+
+/* Our handles only: release, extend and watch hand out the inner store's. */
+static void redis_cancel(struct store_op *op)
+{
+	struct redis_complete *c;
+
+	switch (((struct redis_claim *)op)->kind) {
+	case OP_CLAIM:
+		claim_cancel((struct redis_claim *)op);
+		break;
+	case OP_COMPLETE:
+		c = (struct redis_complete *)op;
+		if (c->inner != NULL)
+			store_cancel(c->inner);
+		complete_free(c);
+		break;
+	}
+}
+
+static bool redis_ready(struct store *s)
+{
+	return store_ready(((struct redis_store *)s)->inner);
+}
+
+/* Numeric address of rs->host into rs->addr (IPv4 first, as hiredis). May
+ * block in DNS: only at start and on the main thread's sweep. */
+static bool resolve(struct redis_store *rs)
+{
+	static const int families[] = { AF_INET, AF_INET6 };
+
+	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
+		struct addrinfo hints = { .ai_family = families[i],
+					  .ai_socktype = SOCK_STREAM };
+		struct addrinfo *ai;
+		int rc;
+
+		if (getaddrinfo(rs->host, NULL, &hints, &ai) != 0)
+			continue;
+		rc = getnameinfo(ai->ai_addr, ai->ai_addrlen, rs->addr,
+				 sizeof(rs->addr), NULL, 0, NI_NUMERICHOST);
+		freeaddrinfo(ai);
+		if (rc == 0) {
+			atomic_store_explicit(&rs->resolved, true,
+					      memory_order_release);
+			return true;
+		}
+	}
+	return false;
+}
+
+static void redis_sweep(struct store *s, struct event_base *base)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+
+	if (!atomic_load_explicit(&rs->resolved, memory_order_acquire) &&
+	    resolve(rs))
+		log_info("redis %s:%d: resolved to %s", rs->host, rs->port,
+			 rs->addr);
+	fp_purge(rs, monotonic_ms());
+	store_sweep(rs->inner, base);
+}
+
+/*
+ * Close every connection still open - those of the calling thread and of
+ * threads that never exited (their bases must be alive) - then free inner.
+ */
+static void redis_free(struct store *s)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+	struct rconn *rc;
+
+	pthread_setspecific(rs->tl_key, NULL);
+	for (;;) {
+		pthread_mutex_lock(&rs->mu);
+		rc = LIST_FIRST(&rs->conns);
+		if (rc != NULL)
+			LIST_REMOVE(rc, link);
+		pthread_mutex_unlock(&rs->mu);
+		if (rc == NULL)
+			break;
+		rc_free(rc);
+	}
+	pthread_key_delete(rs->tl_key);
+	fp_purge(rs, 0);
+	free(rs->fp_buckets);
+	pthread_mutex_destroy(&rs->fp_mu);
+	pthread_mutex_destroy(&rs->mu);
+	store_free(rs->inner);
+	free(rs);
+}
+
+static const struct store_ops redis_ops = {
+	.name = "redis",
+	.claim = redis_claim,
+	.complete = redis_complete,
+	.release = redis_release,
+	.extend = redis_extend,
+	.watch = redis_watch,
+	.cancel = redis_cancel,
+	.ready = redis_ready,
+	.sweep = redis_sweep,
+	.free = redis_free,
+};
+
+struct store *store_redis_new(struct store *inner, const char *host,
+			      const char *port, int db, char *err, size_t errlen)
+{
+	struct redis_store *rs = NULL;
+	char *end;
+	long p;
+
+	if (inner == NULL) {
+		snprintf(err, errlen, "redis: no store to put it in front of");
+		return NULL;
+	}
+	p = strtol(port, &end, 10);
+	if (host[0] == '\0' || strlen(host) >= sizeof(rs->host)) {
+		snprintf(err, errlen, "redis: bad host \"%.300s\"", host);
+		goto fail;
+	}
+	if (end == port || *end != '\0' || p < 1 || p > 65535) {
+		snprintf(err, errlen, "redis: bad port \"%.30s\"", port);
+		goto fail;
+	}
+	if (db < 0) {
+		snprintf(err, errlen, "redis: bad database index %d", db);
+		goto fail;
+	}
+	rs = calloc(1, sizeof(*rs));
+	if (rs == NULL)
+		goto oom;
+	rs->fp_nbuckets = FP_NBUCKETS_MIN;
+	rs->fp_buckets = calloc(rs->fp_nbuckets, sizeof(*rs->fp_buckets));
+	if (rs->fp_buckets == NULL || pthread_key_create(&rs->tl_key, tl_destroy) != 0)
+		goto oom;
+	rs->base.ops = &redis_ops;
+	rs->inner = inner;
+	snprintf(rs->host, sizeof(rs->host), "%s", host);
+	rs->port = (int)p;
+	rs->db = db;
+	atomic_init(&rs->resolved, false);
+	atomic_init(&rs->timeout_ms, STORE_REDIS_TIMEOUT_MS);
+	pthread_mutex_init(&rs->mu, NULL);
+	pthread_mutex_init(&rs->fp_mu, NULL);
+	LIST_INIT(&rs->conns);
+	if (!resolve(rs))
+		log_warn("redis %s:%d: cannot resolve the host yet; the fast path "
+			 "is off until it can", rs->host, rs->port);
+	return &rs->base;
+oom:
+	snprintf(err, errlen, "redis: out of memory");
+	if (rs != NULL)
+		free(rs->fp_buckets);
+	free(rs);
+fail:
+	store_free(inner);
+	return NULL;
+}
+
+void store_redis_set_timeout(struct store *s, unsigned ms)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+
+	atomic_store_explicit(&rs->timeout_ms, ms, memory_order_relaxed);
+}
