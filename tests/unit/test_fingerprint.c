@@ -35,6 +35,13 @@ static void test_vectors(void)
 	fp_str("POST", "/orders?x=1", body, strlen(body), hex);
 	is_str(hex, "371edc5672745cc0c509ff1274634c85ddde80e3b068a2d1e4c6e4cbe2ac3dfa",
 	       "vector: POST /orders?x=1 {\"amount\":100}");
+	/* the vectors of docs/protocol.md */
+	fp_str("POST", "/orders?x=1", "{\"item\":42}", 11, hex);
+	is_str(hex, "6eaaefde9ff81f3a571323aba830e64a5835d9f1d4a4518058d3556f88873e25",
+	       "docs/protocol.md vector 1");
+	fp_str("POST", "/orders", "", 0, hex);
+	is_str(hex, "74da9b5b838f0001c4db8a33d2a6b49d91f8d9df1e21fde8ab356fa7421ec359",
+	       "docs/protocol.md vector 2");
 	fp_str("POST", "/", "", 0, hex);
 	is_str(hex, "a0ba47661caaebc61dfd26b0953ac84e16698a221a4038b074d3d49d2806338a",
 	       "vector: POST / with an empty body");
