@@ -228,6 +228,11 @@ static const struct config_opt options[] = {
 	  .off = F(max_connections), .def = "10000", .metavar = "N", .min = 1,
 	  .max = 1000000,
 	  .help = "client connections per worker; accepting pauses beyond" },
+	{ .name = "issued-key-ttl", .type = OPT_DURATION,
+	  .off = F(issued_key_ttl_ms), .def = "10m", .metavar = "DUR",
+	  .min = 1, .max = DUR_MAX,
+	  .help = "how long a key from GET /.well-known/idempotency-key may "
+		  "wait to be used (routes with require_issued_key)" },
 	{ .name = "memory-max-bytes", .type = OPT_SIZE,
 	  .off = F(memory_max_bytes), .def = "256MiB", .metavar = "SIZE",
 	  .min = MIB, .max = (uint64_t)64 * 1024 * MIB,
@@ -253,6 +258,7 @@ struct build {
 	struct config *scratch;	/* every value is parsed here to validate it */
 	const char *check_file;	/* --check-config FILE */
 	enum config_action action;
+	struct route_raw *routes;	/* [route NAME] lines, in file order */
 };
 
 static void *field(struct config *c, size_t off)
@@ -352,7 +358,7 @@ static int parse_uint(const char *s, uint64_t max, uint64_t *out)
 	return 0;
 }
 
-static int parse_bool(const char *s, bool *out)
+int config_parse_bool(const char *s, bool *out)
 {
 	static const char *const yes[] = { "1", "true", "yes", "on" };
 	static const char *const no[] = { "0", "false", "no", "off" };
@@ -638,7 +644,7 @@ fail:
  * "POST,PATCH" into a mask of llhttp method numbers. Only the HTTP methods
  * llhttp knows are accepted (not RTSP's), spelt as on the wire.
  */
-static int parse_methods(const char *v, uint64_t *mask, char *err,
+int config_parse_methods(const char *v, uint64_t *mask, char *err,
 			 size_t errlen)
 {
 #define XX(num, name, string) num,
@@ -772,7 +778,7 @@ static int opt_parse(const struct config_opt *o, const char *v,
 		*(int *)field(c, o->off) = (int)n;
 		return 0;
 	case OPT_BOOL:
-		if (parse_bool(v, &b) < 0) {
+		if (config_parse_bool(v, &b) < 0) {
 			snprintf(err, errlen, "invalid boolean \"%s\" (use yes/no, "
 				 "true/false, on/off or 1/0)", shown(v, sh, sizeof(sh)));
 			return -1;
@@ -826,7 +832,7 @@ static int opt_parse(const struct config_opt *o, const char *v,
 			 shown(v, sh, sizeof(sh)), buf);
 		return -1;
 	case OPT_METHODS:
-		if (parse_methods(v, field(c, o->aux), err, errlen) < 0)
+		if (config_parse_methods(v, field(c, o->aux), err, errlen) < 0)
 			return -1;
 		return set_string(c, o->off, v, err, errlen);
 	case OPT_LOGLEVEL:
@@ -887,6 +893,7 @@ static void config_free(struct config *c)
 		return;
 	for (i = 0; i < NOPTS; i++)
 		opt_clear(&options[i], c);
+	routes_free(c);
 	strv_free(c->argv);
 	strv_free(c->env);
 	free(c);
@@ -1174,9 +1181,22 @@ static char *ini_read(char *str, int num, void *stream)
 			end[-1] = '\0';
 		if (strncmp(p, "route", 5) == 0 &&
 		    (p[5] == '\0' || p[5] == ' ' || p[5] == '\t')) {
-			ini_fail(x, "[%.60s] sections are not supported by this version",
-				 p);
-			return NULL;
+			/* announced here: a route without keys is still a route
+			 * (and an error: it needs a match) */
+			const char *name = p + 5;
+			char why[512];
+
+			while (*name == ' ' || *name == '\t')
+				name++;
+			if (route_raw_section(&x->b->routes, name, x->path,
+					      x->lineno, why, sizeof(why)) < 0) {
+				snprintf(x->err, x->errlen, "%s", why);
+				x->failed = true;
+				x->err_line = x->lineno;
+				return NULL;
+			}
+			snprintf(str, (size_t)num, "[route %s]", name);
+			return str;
 		}
 		if (strcmp(p, INI_SECTION) != 0) {
 			ini_fail(x, "unknown section [%.60s] (expected [" INI_SECTION "])",
@@ -1203,6 +1223,15 @@ static int ini_on_value(void *user, const char *section, const char *name,
 		ini_fail(x, "%.60s: key outside a section (put it under ["
 			 INI_SECTION "])", name);
 		return 0;
+	}
+	if (strncmp(section, "route ", 6) == 0) {
+		if (route_raw_add(&x->b->routes, section + 6, name, value, x->path,
+				  x->lineno, x->err, x->errlen) < 0) {
+			x->failed = true;
+			x->err_line = x->lineno;
+			return 0;
+		}
+		return 1;
 	}
 	if (strcmp(section, INI_SECTION) != 0) {
 		ini_fail(x, "unknown section [%.60s]", section);
@@ -1395,6 +1424,9 @@ static int config_build(int argc, char **argv, char **envp,
 		goto fail;
 	}
 
+	if (routes_build(c, b.routes, envp, err, errlen) < 0)
+		goto fail;
+
 	c->argc = argc;
 	c->argv = strv_dup(argv, argc, false);
 	c->env = strv_dup(envp, strv_len(envp), true);
@@ -1409,6 +1441,7 @@ static int config_build(int argc, char **argv, char **envp,
 fail:
 	config_free(c);
 	config_free(b.scratch);
+	route_raw_free(b.routes);
 	for (i = 0; i < NOPTS; i++)
 		free(b.owned[i]);
 	return ret;
@@ -1482,6 +1515,7 @@ void config_print(const struct config *cfg, FILE *out)
 		opt_format(&options[i], cfg, true, val, sizeof(val));
 		fprintf(out, "%s = %s\n", key, val);
 	}
+	routes_print(cfg, out);
 }
 
 void config_usage(FILE *out)

@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "log.h"
+#include "route.h"
 
 #define MUSTCHECK __attribute__((warn_unused_result))
 
@@ -89,6 +90,13 @@ struct config {
 	uint64_t max_header_size;	/* request line + headers: 431 */
 	int max_connections;		/* per worker; accept pauses beyond */
 	uint64_t memory_max_bytes;	/* memory store bound */
+	uint64_t issued_key_ttl_ms;	/* GET /.well-known/idempotency-key */
+
+	/* per-request policy: the global one, and [route NAME] sections in
+	 * file order (route.c) */
+	struct policy global;
+	struct route *routes;
+	int nroutes;
 
 	/* private: what was parsed, kept so that SIGHUP can re-apply it */
 	int argc;
@@ -126,6 +134,12 @@ void config_usage(FILE *out);
 
 /* Print --version: "idemproxy VERSION". */
 void config_version(FILE *out);
+
+/* Shared with route.c: booleans (1/0 true/false yes/no on/off) and method
+ * lists ("POST,PATCH" into a bitmask of llhttp methods). 0 or -1. */
+int config_parse_bool(const char *s, bool *out) MUSTCHECK;
+int config_parse_methods(const char *v, uint64_t *mask, char *err,
+			 size_t errlen) MUSTCHECK;
 
 struct config *config_ref(struct config *cfg);
 void config_unref(struct config *cfg);

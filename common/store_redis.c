@@ -94,6 +94,7 @@ struct rconn {
 	unsigned backoff_ms;		/* the next retry's delay */
 	unsigned pending;		/* GETs and SETs awaiting replies */
 	bool failing;			/* an outage was logged */
+	bool closing;			/* rc_free(): no new work for anyone */
 	LIST_ENTRY(rconn) link;		/* rs->conns, under rs->mu */
 	struct rconn *tl_next;		/* the creating thread's list */
 };
@@ -232,7 +233,7 @@ struct stored_response *store_redis_decode(const char *buf, size_t len,
 	if (len < STORE_REDIS_HDR_LEN || memcmp(p, STORE_REDIS_MAGIC, 4) != 0)
 		return NULL;
 	status = p[36] << 8 | p[37];
-	if (p[38] > 1)
+	if (status < 100 || status > 999 || p[38] > 1)
 		return NULL;
 	body_stored = p[38] == 1;
 	head_len = get32(p + 39);
@@ -423,10 +424,12 @@ static struct rconn *rc_get(struct redis_store *rs, struct event_base *base,
 	return rc;
 }
 
-/* Close and free rc (already off every list). Pending lookups fall back to
- * the inner store; needs rc->base alive. */
+/* Close and free rc (already off every list); needs rc->base alive. Its
+ * base is going away, so lookups still pending (their owners should have
+ * cancelled them) get STORE_ERROR rather than new work in the inner store. */
 static void rc_free(struct rconn *rc)
 {
+	rc->closing = true;
 	event_free(rc->retry);
 	rc_drop(rc, NULL);
 	free(rc);
@@ -672,7 +675,10 @@ static void get_cb(redisAsyncContext *ac, void *r, void *priv)
 	o->ticket = NULL;
 	evtimer_del(o->ev);
 	if (reply == NULL) {
-		claim_fallback(o);	/* the connection went away */
+		if (o->rc->closing)
+			claim_post(o, STORE_ERROR);
+		else
+			claim_fallback(o);	/* the connection went away */
 		return;
 	}
 	if (reply->type == REDIS_REPLY_NIL) {
@@ -1004,6 +1010,18 @@ static void redis_free(struct store *s)
 	free(rs);
 }
 
+/* The inner store's per-thread connections come and go with the thread. */
+static void redis_thread_init(struct store *s, struct event_base *base)
+{
+	store_thread_init(((struct redis_store *)s)->inner, base);
+}
+
+static void redis_thread_done(struct store *s, struct event_base *base)
+{
+	store_redis_thread_done(s, base);
+	store_thread_done(((struct redis_store *)s)->inner, base);
+}
+
 static const struct store_ops redis_ops = {
 	.name = "redis",
 	.claim = redis_claim,
@@ -1014,7 +1032,12 @@ static const struct store_ops redis_ops = {
 	.cancel = redis_cancel,
 	.ready = redis_ready,
 	.sweep = redis_sweep,
+	.thread_init = redis_thread_init,
+	.thread_done = redis_thread_done,
 	.free = redis_free,
+	/* what fails a claim or completion is the inner store's, and the
+	 * layer is only used over PostgreSQL */
+	.kind = STORE_KIND_POSTGRES,
 };
 
 struct store *store_redis_new(struct store *inner, const char *host,

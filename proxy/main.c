@@ -26,6 +26,7 @@
 #include "store.h"
 #include "store_memory.h"
 #include "store_pg.h"
+#include "store_redis.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -215,6 +216,16 @@ static int run(struct daemon *d)
 		d->store = store_memory_new(cfg->memory_max_bytes, NULL);
 	else
 		d->store = store_pg_new(cfg->store, PG_CONNS_PER_WORKER);
+	if (d->store != NULL && cfg->redis != NULL) {
+		/* the fast path in front of PostgreSQL; takes the inner store */
+		d->store = store_redis_new(d->store, cfg->redis_hp.host,
+					   cfg->redis_hp.port, cfg->redis_db,
+					   err, sizeof(err));
+		if (d->store == NULL) {
+			log_error("--redis %s: %s", cfg->redis, err);
+			return 1;
+		}
+	}
 	d->base = event_base_new();
 	if (d->store == NULL || d->base == NULL)
 		return 1;
@@ -355,6 +366,13 @@ int main(int argc, char **argv)
 	if (config_parse(argc, argv, environ, &d.cfg, &action, err,
 			 sizeof(err)) < 0) {
 		fprintf(stderr, "idemproxy: %s\n", err);
+		return 2;
+	}
+	if (d.cfg != NULL && d.cfg->redis != NULL &&
+	    strcmp(d.cfg->store, "memory") == 0) {
+		fprintf(stderr, "idemproxy: --redis: the Redis fast path needs "
+			"--store postgres://... (the memory store is faster)\n");
+		config_unref(d.cfg);
 		return 2;
 	}
 	switch (action) {

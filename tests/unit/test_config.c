@@ -547,10 +547,10 @@ static void test_ini(void)
 	INI_FAILS("other-section.ini", "[idemproxy]\nttl = 1h\n[server]\nx = 1\n", 3,
 		  "unknown section [server]");
 	INI_FAILS("route.ini",
-		  "[idemproxy]\nttl = 1h\n\n[route orders]\nmatch = POST /orders*\n", 4,
-		  "[route orders] sections are not supported by this version");
+		  "[idemproxy]\nttl = 1h\n\n[route orders]\nmatch = POST /orders*\n"
+		  "ttl = 10 s\n", 6, "route orders: ttl: invalid duration");
 	INI_FAILS("empty-route.ini", "[idemproxy]\n[route x]\n", 2,
-		  "[route x] sections are not supported by this version");
+		  "route x: match is required");
 	INI_FAILS("syntax.ini", "[idemproxy]\nttl = 1h\njust words\n", 3,
 		  "syntax error");
 	INI_FAILS("unclosed.ini", "[idemproxy\n", 1, "missing ']'");
