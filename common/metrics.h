@@ -22,7 +22,9 @@
 	X(INVALID_KEY,       "invalid_key") \
 	X(TOO_LARGE,         "too_large") \
 	X(STORE_UNAVAILABLE, "store_unavailable") \
-	X(FAIL_OPEN,         "fail_open")
+	X(FAIL_OPEN,         "fail_open") \
+	X(SIGNATURE_INVALID, "signature_invalid") \
+	X(KEY_ISSUED,        "key_issued")
 
 enum outcome {
 #define X(name, label) OUTCOME_##name,

@@ -12,6 +12,7 @@
 	X(BAD_REQUEST,           400, "bad-request",              "Bad Request") \
 	X(MISSING_KEY,           400, "missing-idempotency-key",  "Idempotency-Key Required") \
 	X(INVALID_KEY,           400, "invalid-idempotency-key",  "Invalid Idempotency-Key") \
+	X(SIGNATURE_INVALID,     401, "signature-invalid",        "Signature Invalid") \
 	X(REQUEST_TIMEOUT,       408, "request-timeout",          "Request Timeout") \
 	X(IN_PROGRESS,           409, "request-in-progress",      "Request In Progress") \
 	X(RESPONSE_NOT_STORED,   409, "response-not-stored",      "Response Not Stored") \

@@ -54,11 +54,18 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <llhttp.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
 
 #include "config.h"
 #include "fingerprint.h"
 #include "idem.h"
 #include "idemkey.h"
+#include "keysrc.h"
+#include "route.h"
+#include "store.h"
+#include "verify.h"
 #include "httphdr.h"
 #include "log.h"
 #include "metrics.h"
@@ -121,7 +128,11 @@ struct conn {
 	bool client_paused;		/* reading stopped: upstream is full */
 	bool client_eof;		/* the client half-closed after sending */
 
-	/* keyed requests (DESIGN.md §1 items 2-10) */
+	/* keyed requests (DESIGN.md §1 items 2-10, §4) */
+	const struct policy *policy;	/* the route's, or the global one */
+	const char *route;		/* its name, or NULL */
+	bool key_pending;		/* the key comes from the body */
+	struct store_op *issue_op;	/* GET /.well-known/idempotency-key */
 	bool keyed;			/* the engine decides this request */
 	char key[IDEMKEY_MAX + 1];
 	struct evbuffer *body;		/* the buffered body while BODY */
@@ -143,6 +154,8 @@ struct conn {
 static void conn_parse(struct conn *c);
 static void pump_body(struct conn *c);
 static void decide(struct conn *c);
+static bool key_unusable(struct conn *c, bool missing, bool buffered);
+static const char *key_source_name(enum key_source k);
 static void answer_upstream_error(struct conn *c, enum upstream_error err);
 static void end_request(struct conn *c);
 static void conn_close(struct conn *c, const char *reason);
@@ -161,7 +174,8 @@ static void conn_set_state(struct conn *c, enum conn_state next)
 		[CONN_ST_READ_HEAD] = 1u << CONN_ST_DECIDE |
 			1u << CONN_ST_RESPOND | 1u << CONN_ST_CLOSING,
 		[CONN_ST_DECIDE] = 1u << CONN_ST_FORWARD | 1u << CONN_ST_BODY |
-			1u << CONN_ST_RESPOND | 1u << CONN_ST_CLOSING,
+			1u << CONN_ST_CLAIM | 1u << CONN_ST_RESPOND |
+			1u << CONN_ST_CLOSING,
 		[CONN_ST_BODY] = 1u << CONN_ST_CLAIM | 1u << CONN_ST_RESPOND,
 		[CONN_ST_CLAIM] = 1u << CONN_ST_FORWARD | 1u << CONN_ST_RESPOND,
 		[CONN_ST_FORWARD] = 1u << CONN_ST_RESPOND | 1u << CONN_ST_IDLE |
@@ -301,6 +315,10 @@ static void conn_close(struct conn *c, const char *reason)
 		idem_detach(c->idem);	/* a winner goes on without us */
 		c->idem = NULL;
 	}
+	if (c->issue_op != NULL) {
+		store_cancel(c->issue_op);
+		c->issue_op = NULL;
+	}
 	evtimer_del(c->timer);
 	event_del(c->kick);
 	bufferevent_disable(c->bev, EV_READ | EV_WRITE);
@@ -358,6 +376,9 @@ static void reset_request(struct conn *c)
 	c->resp_done = false;
 	c->outcome = OUTCOME_PASSTHROUGH;
 	c->keyed = false;
+	c->policy = NULL;
+	c->route = NULL;
+	c->key_pending = false;
 	c->body_too_large = false;
 	c->expect_answered = false;
 	if (c->body != NULL) {
@@ -496,7 +517,7 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
 	struct evbuffer *out;
 
 	if (c->state == CONN_ST_BODY) {
-		if (evbuffer_get_length(c->body) + len > c->cfg->max_body) {
+		if (evbuffer_get_length(c->body) + len > c->policy->max_body) {
 			c->body_too_large = true;
 			return -1;
 		}
@@ -1119,13 +1140,153 @@ static const struct idem_sink conn_sink = {
 	.failed = sink_failed,
 };
 
+/* ---- key issuing (DESIGN.md §4, article §4.3 and §6) -------------------- */
+
+#define ISSUE_PATH "/.well-known/idempotency-key"
+/* Issued keys live in the store under this scope, which no hashed scope
+ * nor the global one can equal. */
+#define ISSUED_SCOPE "!issued"
+
+static bool is_issue_path(const char *url)
+{
+	size_t n = strcspn(url, "?");
+
+	return n == sizeof(ISSUE_PATH) - 1 && memcmp(url, ISSUE_PATH, n) == 0;
+}
+
+/* How long an issued key's marker must live: the longest issued_key_ttl of
+ * the global settings and every route. */
+static uint64_t issued_marker_ttl(const struct config *cfg)
+{
+	uint64_t ttl = cfg->issued_key_ttl_ms;
+
+	for (int i = 0; i < cfg->nroutes; i++)
+		if (cfg->routes[i].policy.issued_key_ttl_ms > ttl)
+			ttl = cfg->routes[i].policy.issued_key_ttl_ms;
+	return ttl;
+}
+
+/* The issue time a key of ours carries after its last '.', or 0. */
+static time_t issued_time(const char *key)
+{
+	const char *dot = strrchr(key, '.');
+	long long t = 0;
+
+	if (dot == NULL || dot[1] == '\0' || strlen(dot + 1) > 12)
+		return 0;
+	for (const char *p = dot + 1; *p != '\0'; p++) {
+		if (*p < '0' || *p > '9')
+			return 0;
+		t = t * 10 + (*p - '0');
+	}
+	return (time_t)t;
+}
+
+static void on_issued(void *arg, const struct store_result *res)
+{
+	struct conn *c = arg;
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+
+	c->issue_op = NULL;
+	if (res->status != STORE_WON) {
+		answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
+		       OUTCOME_STORE_UNAVAILABLE);
+		return;
+	}
+	c->outcome = OUTCOME_KEY_ISSUED;
+	if (!c->keep_alive || c->draining)
+		c->close_after = true;
+	evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\n"
+			    "Content-Type: application/json\r\n"
+			    "Cache-Control: no-store\r\n"
+			    "Content-Length: %zu\r\n%s\r\n{\"key\":\"%s\"}",
+			    strlen(c->key) + 10,
+			    c->close_after ? "Connection: close\r\n" : "", c->key);
+	c->resp_started = true;
+	c->resp_done = true;
+	conn_set_state(c, CONN_ST_RESPOND);
+	end_request(c);
+}
+
+/*
+ * GET /.well-known/idempotency-key: a fresh key for a form to submit with.
+ * 128 random bits, URL-safe base64, then "." and the issue time (seconds):
+ * routes with require_issued_key accept only keys recorded here, within
+ * their issued_key_ttl of the issue time.
+ */
+static void issue_key(struct conn *c)
+{
+	unsigned char raw[16], b64[32];
+	struct store_claim m = { 0 };
+	int n;
+
+	if (RAND_bytes(raw, sizeof(raw)) != 1) {
+		answer(c, PROBLEM_STORE_UNAVAILABLE, "no randomness",
+		       OUTCOME_STORE_UNAVAILABLE);
+		return;
+	}
+	n = EVP_EncodeBlock(b64, raw, sizeof(raw));
+	while (n > 0 && b64[n - 1] == '=')
+		n--;
+	for (int i = 0; i < n; i++)
+		b64[i] = b64[i] == '+' ? '-' : b64[i] == '/' ? '_' : b64[i];
+	snprintf(c->key, sizeof(c->key), "%.*s.%lld", n, (char *)b64,
+		 (long long)time(NULL));
+	snprintf(m.key.scope, sizeof(m.key.scope), "%s", ISSUED_SCOPE);
+	snprintf(m.key.key, sizeof(m.key.key), "%s", c->key);
+	m.lease_ms = issued_marker_ttl(c->cfg);
+	m.ttl_ms = m.lease_ms;
+	conn_set_state(c, CONN_ST_CLAIM);
+	c->issue_op = store_claim(c->w->store, c->w->base, &m, on_issued, c);
+	if (c->issue_op == NULL)
+		answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
+		       OUTCOME_STORE_UNAVAILABLE);
+}
+
+/* keys are namespaced by the SHA-256 of the scope header's value */
+static void scope_of(struct conn *c, char scope[STORE_SCOPE_LEN + 1])
+{
+	const struct policy *p = c->policy;
+	unsigned char md[32];
+	const char *v = "";
+	size_t len = 0;
+	int i;
+
+	scope[0] = '\0';
+	if (p->scope_header == NULL)
+		return;
+	i = hdrlist_find(&c->req, p->scope_header, 0);
+	if (i >= 0) {
+		v = hdr_value(&c->req, (uint32_t)i);
+		len = c->req.v[i].value_len;
+	}
+	SHA256((const unsigned char *)v, len, md);
+	for (int k = 0; k < 32; k++)
+		snprintf(scope + 2 * k, 3, "%02x", md[k]);
+}
+
+static const char *key_source_name(enum key_source k)
+{
+	switch (k) {
+	case KEY_SRC_HEADER: return "header:";
+	case KEY_SRC_QUERY: return "query:";
+	case KEY_SRC_FORM: return "form:";
+	case KEY_SRC_JSON: return "json:";
+	case KEY_SRC_AUTO: return "auto";
+	case KEY_SRC_NONE: return "none";
+	}
+	return "";
+}
+
 /* The body is buffered: fingerprint it and hand the request to the engine. */
 static void start_claim(struct conn *c)
 {
+	const struct policy *p = c->policy;
 	struct evbuffer_iovec v[64], *iov = v;
 	struct idem_request req = { 0 };
 	size_t body_len = evbuffer_get_length(c->body);
-	int n;
+	const char *body;
+	int n, k;
 
 	c->req_done = true;
 	set_read_timeout(c, 0);
@@ -1140,18 +1301,70 @@ static void start_claim(struct conn *c)
 	if (fp_compute(llhttp_method_name((llhttp_method_t)c->method), c->url,
 		       (const struct iovec *)iov, n, req.claim.fp) < 0)
 		goto fail;
+
+	/* a signed callback is checked before anything is claimed */
+	if (p->verify != VERIFY_NONE) {
+		int s = hdrlist_find(&c->req, p->verify_header, 0);
+
+		body = body_len ? (const char *)evbuffer_pullup(c->body, -1) : "";
+		if (s < 0 || !verify_signature(p->verify, p->verify_secret,
+					       p->verify_secret_len,
+					       hdr_value(&c->req, (uint32_t)s),
+					       c->req.v[s].value_len, body,
+					       body_len, time(NULL),
+					       p->verify_tolerance_ms)) {
+			answer(c, PROBLEM_SIGNATURE_INVALID, s < 0 ?
+			       "the signature header is missing" :
+			       "the signature does not match the body",
+			       OUTCOME_SIGNATURE_INVALID);
+			return;
+		}
+	}
+	if (c->key_pending) {
+		body = body_len ? (const char *)evbuffer_pullup(c->body, -1) : "";
+		switch (p->key_source) {
+		case KEY_SRC_FORM:
+			k = keysrc_form(body, body_len, p->key_name, p->key_prefix,
+					c->key);
+			break;
+		case KEY_SRC_JSON:
+			k = keysrc_json(body, body_len, p->key_name, p->key_prefix,
+					c->key);
+			break;
+		case KEY_SRC_AUTO: {
+			char hex[2 * FP_LEN + 1];
+
+			fp_hex(req.claim.fp, hex);
+			k = keysrc_finish(p->key_prefix, hex, strlen(hex), c->key);
+			break;
+		}
+		default:
+			k = KEYSRC_INVALID;
+			break;
+		}
+		if (k < 0) {
+			if (key_unusable(c, k == KEYSRC_MISSING, true))
+				return;
+			req.unprotected = true;	/* pass through, body and all */
+		}
+	}
 	snprintf(req.claim.key.key, sizeof(req.claim.key.key), "%s", c->key);
-	req.claim.key.scope[0] = '\0';	/* global scope (routes add more) */
-	req.claim.lease_ms = c->cfg->lease_ms;
-	req.claim.ttl_ms = c->cfg->ttl_ms;
-	req.in_flight = c->cfg->in_flight;
-	req.wait_timeout_ms = c->cfg->wait_timeout_ms;
+	scope_of(c, req.claim.key.scope);
+	req.claim.lease_ms = p->lease_ms;
+	req.claim.ttl_ms = p->ttl_ms;
+	req.in_flight = (enum in_flight_mode)p->in_flight;
+	req.wait_timeout_ms = p->wait_timeout_ms;
 	req.upstream_timeout_ms = c->cfg->upstream_timeout_ms;
-	req.max_cached_response = c->cfg->max_cached_response;
-	req.store_down = c->cfg->store_down;
-	req.on_upstream_error = c->cfg->on_upstream_error;
+	req.max_cached_response = p->max_cached_response;
+	req.store_down = (enum store_down_mode)p->store_down;
+	req.on_upstream_error = (enum upstream_error_mode)p->on_upstream_error;
 	req.head_method = c->method == HTTP_HEAD;
-	req.keep_set_cookie = false;
+	req.keep_set_cookie = p->scope_header != NULL;
+	req.check_issued = p->require_issued_key;
+	req.issued_at = issued_time(c->key);
+	req.issued_ttl_ms = p->issued_key_ttl_ms;
+	snprintf(req.issued_scope, sizeof(req.issued_scope), "%s", ISSUED_SCOPE);
+	req.issued_lease_ms = issued_marker_ttl(c->cfg);
 	req.request = evbuffer_new();
 	if (req.request == NULL)
 		goto fail;
@@ -1195,41 +1408,96 @@ static void buffer_body(struct conn *c)
 }
 
 /*
- * DESIGN.md §1 items 1-4: pass the request through, refuse it, or buffer
- * its body for the engine.
+ * A route's key could not be had: missing (the source has none) or
+ * unusable (not valid key syntax, a body that does not parse). With
+ * require_key that is 400; otherwise the request goes through unprotected.
+ * Returns true when the request was answered.
+ */
+static bool key_unusable(struct conn *c, bool missing, bool buffered)
+{
+	const struct policy *p = c->policy;
+	char detail[320];
+
+	if (!missing) {
+		snprintf(detail, sizeof(detail), "the key from %s%s is not 1-255 "
+			 "visible ASCII characters (with key_prefix), or the body "
+			 "cannot be parsed", key_source_name(p->key_source),
+			 p->key_name ? p->key_name : "");
+		c->outcome = OUTCOME_INVALID_KEY;
+		respond_problem(c, PROBLEM_INVALID_KEY, detail, false);
+		return true;
+	}
+	if (!p->require_key)
+		return false;
+	snprintf(detail, sizeof(detail), "this request needs an idempotency key "
+		 "(%s%s)", key_source_name(p->key_source),
+		 p->key_name ? p->key_name : "");
+	c->outcome = OUTCOME_MISSING_KEY;
+	respond_problem(c, PROBLEM_MISSING_KEY, detail, false);
+	return true;
+}
+
+/*
+ * DESIGN.md §1 items 1-4 and §4: find the request's policy, then pass it
+ * through, refuse it, or buffer its body for the engine.
  */
 static void decide(struct conn *c)
 {
 	const struct config *cfg = c->cfg;
 	const struct hdrlist *h = &c->req;
+	const struct policy *p;
 	int k, e;
 
 	/* a request without a body is complete: an answer keeps the connection */
 	c->req_done = c->req_body == BODY_NONE;
-	if (!config_method_protected(cfg, c->method)) {
+	if (c->method == HTTP_GET && is_issue_path(c->url)) {
+		issue_key(c);
+		return;
+	}
+	p = route_policy(cfg, c->method, c->url, &c->route);
+	if (p == NULL) {
 		conn_forward(c);
 		return;
 	}
-	k = hdrlist_find(h, cfg->key_header, 0);
-	if (k < 0) {
-		if (cfg->require_key) {
-			c->outcome = OUTCOME_MISSING_KEY;
-			respond_problem(c, PROBLEM_MISSING_KEY, "this request needs "
-					"an idempotency key header", false);
+	c->policy = p;
+	c->key_pending = false;
+	switch (p->key_source) {
+	case KEY_SRC_HEADER:
+		k = hdrlist_find(h, p->key_name, 0);
+		if (k < 0) {
+			if (!key_unusable(c, true, false))
+				conn_forward(c);	/* drop-in: legacy clients */
 			return;
 		}
-		conn_forward(c);	/* drop-in: legacy clients see no change */
+		if (hdrlist_find(h, p->key_name, (uint32_t)k + 1) >= 0 ||
+		    idemkey_parse(hdr_value(h, (uint32_t)k), h->v[k].value_len,
+				  c->key) < 0 ||
+		    keysrc_finish(p->key_prefix, c->key, strlen(c->key), c->key) < 0) {
+			c->outcome = OUTCOME_INVALID_KEY;
+			respond_problem(c, PROBLEM_INVALID_KEY, "the key must be one "
+					"header of 1-255 visible ASCII characters, "
+					"optionally as a quoted string", false);
+			return;
+		}
+		break;
+	case KEY_SRC_QUERY:
+		k = keysrc_query(c->url, p->key_name, p->key_prefix, c->key);
+		if (k < 0) {
+			if (!key_unusable(c, k == KEYSRC_MISSING, false))
+				conn_forward(c);
+			return;
+		}
+		break;
+	case KEY_SRC_FORM:
+	case KEY_SRC_JSON:
+	case KEY_SRC_AUTO:
+		c->key_pending = true;	/* known once the body is here */
+		break;
+	case KEY_SRC_NONE:
+		conn_forward(c);
 		return;
 	}
-	if (hdrlist_find(h, cfg->key_header, (uint32_t)k + 1) >= 0 ||
-	    idemkey_parse(hdr_value(h, (uint32_t)k), h->v[k].value_len, c->key) < 0) {
-		c->outcome = OUTCOME_INVALID_KEY;
-		respond_problem(c, PROBLEM_INVALID_KEY, "the key must be one header "
-				"of 1-255 visible ASCII characters, optionally "
-				"as a quoted string", false);
-		return;
-	}
-	if (c->req_body == BODY_LENGTH && c->req_remaining > cfg->max_body) {
+	if (c->req_body == BODY_LENGTH && c->req_remaining > p->max_body) {
 		c->outcome = OUTCOME_TOO_LARGE;
 		respond_problem(c, PROBLEM_BODY_TOO_LARGE,
 				"the request body is larger than max_body", true);

@@ -44,6 +44,9 @@ enum idem_state {
 	IDEM_ST_WAIT,		/* another request holds the key: watching */
 	IDEM_ST_FORWARD,	/* ours (or fail-open): exchange upstream */
 	IDEM_ST_SETTLE,		/* writing completion or release */
+	IDEM_ST_PASS,		/* no key: forward unprotected next turn */
+	IDEM_ST_CHECK,		/* won: is the key one this proxy issued? */
+	IDEM_ST_UNDO,		/* not issued: give the claims back, answer */
 };
 
 struct idem {
@@ -63,7 +66,11 @@ struct idem {
 	bool waited;
 	bool owns;			/* won the claim: must settle */
 	char owner[STORE_OWNER_LEN + 1];
+	char marker_owner[STORE_OWNER_LEN + 1];	/* a marker we created */
 	int attempts;
+	enum problem undo_problem;	/* what UNDO answers */
+	const char *undo_detail;
+	enum outcome undo_outcome;
 
 	struct upstream *up;
 	struct timespec up_start;
@@ -133,7 +140,8 @@ static void idem_free(struct idem *ix)
 static void let_go(struct idem *ix)
 {
 	ix->client = NULL;
-	if (ix->state != IDEM_ST_FORWARD && ix->state != IDEM_ST_SETTLE) {
+	if (ix->state != IDEM_ST_FORWARD && ix->state != IDEM_ST_SETTLE &&
+	    ix->state != IDEM_ST_CHECK && ix->state != IDEM_ST_UNDO) {
 		idem_free(ix);
 		return;
 	}
@@ -406,6 +414,110 @@ static void on_watch(void *arg, const struct store_result *res)
 	claim(ix);
 }
 
+/* The marker of an issued key: (issued_scope, key). */
+static void marker_key(const struct idem *ix, struct store_key *k)
+{
+	memcpy(k->scope, ix->req.issued_scope, sizeof(k->scope));
+	memcpy(k->key, ix->req.claim.key.key, sizeof(k->key));
+}
+
+static void undo_step(struct idem *ix);
+
+static void on_undo(void *arg, const struct store_result *res)
+{
+	struct idem *ix = arg;
+
+	ix->op = NULL;
+	undo_step(ix);
+}
+
+/*
+ * Take back what a refused winner holds - the marker it created while
+ * checking, then its claim - and answer. Each step waits for the store.
+ */
+static void undo_step(struct idem *ix)
+{
+	struct store_key mk;
+
+	ix->state = IDEM_ST_UNDO;
+	if (ix->marker_owner[0] != '\0') {
+		marker_key(ix, &mk);
+		ix->op = store_release(ix->env->store, ix->env->base, &mk,
+				       ix->marker_owner, on_undo, ix);
+		ix->marker_owner[0] = '\0';
+		if (ix->op != NULL)
+			return;
+	}
+	if (ix->owns) {
+		ix->owns = false;
+		metrics_gauge_add(GAUGE_in_flight, -1);
+		ix->op = store_release(ix->env->store, ix->env->base,
+				       &ix->req.claim.key, ix->owner, on_undo, ix);
+		if (ix->op != NULL)
+			return;
+	}
+	finish_problem(ix, ix->undo_problem, ix->undo_detail, ix->undo_outcome);
+}
+
+static void refuse_winner(struct idem *ix, enum problem p, const char *detail,
+			  enum outcome o)
+{
+	ix->undo_problem = p;
+	ix->undo_detail = detail;
+	ix->undo_outcome = o;
+	undo_step(ix);
+}
+
+static void on_marker(void *arg, const struct store_result *res)
+{
+	struct idem *ix = arg;
+
+	ix->op = NULL;
+	switch (res->status) {
+	case STORE_IN_FLIGHT:
+		/* the marker lives: the key was issued here and is unexpired */
+		forward(ix, OUTCOME_FORWARDED);
+		return;
+	case STORE_WON:
+		/* no marker: never issued, or expired; ours now, undo it */
+		memcpy(ix->marker_owner, res->owner, sizeof(ix->marker_owner));
+		refuse_winner(ix, PROBLEM_INVALID_KEY, "this key was not issued by "
+			      "GET /.well-known/idempotency-key, or it expired "
+			      "before its first use", OUTCOME_INVALID_KEY);
+		return;
+	default:
+		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
+		refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE,
+			      "the idempotency store cannot be reached",
+			      OUTCOME_STORE_UNAVAILABLE);
+		return;
+	}
+}
+
+/* require_issued_key: the first use of a key must come within the route's
+ * issued_key_ttl of its issue, and its marker must exist. */
+static void check_issued(struct idem *ix)
+{
+	struct store_claim m = { 0 };
+	time_t now = time(NULL);
+
+	if (ix->req.issued_at == 0 || ix->req.issued_at > now + 60 ||
+	    (uint64_t)(now - ix->req.issued_at) * 1000 > ix->req.issued_ttl_ms) {
+		refuse_winner(ix, PROBLEM_INVALID_KEY, "this key was not issued by "
+			      "GET /.well-known/idempotency-key, or it expired "
+			      "before its first use", OUTCOME_INVALID_KEY);
+		return;
+	}
+	ix->state = IDEM_ST_CHECK;
+	marker_key(ix, &m.key);
+	m.lease_ms = ix->req.issued_lease_ms;
+	m.ttl_ms = ix->req.issued_lease_ms;
+	ix->op = store_claim(ix->env->store, ix->env->base, &m, on_marker, ix);
+	if (ix->op == NULL)
+		refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE, NULL,
+			      OUTCOME_STORE_UNAVAILABLE);
+}
+
 static void on_claim(void *arg, const struct store_result *res)
 {
 	struct idem *ix = arg;
@@ -418,6 +530,10 @@ static void on_claim(void *arg, const struct store_result *res)
 		metrics_gauge_add(GAUGE_in_flight, 1);
 		evtimer_del(ix->timer);
 		observe_wait(ix);
+		if (ix->req.check_issued) {
+			check_issued(ix);
+			return;
+		}
 		forward(ix, OUTCOME_FORWARDED);
 		return;
 	case STORE_COMPLETED:
@@ -507,9 +623,14 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	case IDEM_ST_SETTLE:
 		write_settlement(ix);
 		return;
+	case IDEM_ST_PASS:
+		forward(ix, OUTCOME_PASSTHROUGH);
+		return;
 	case IDEM_ST_CLAIM:
 		/* the wait timed out while a re-claim was with the store;
 		 * its answer decides */
+	case IDEM_ST_CHECK:
+	case IDEM_ST_UNDO:
 		return;
 	}
 }
@@ -530,9 +651,16 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 	ix->cap_body = evbuffer_new();
 	if (ix->timer == NULL || ix->cap_head == NULL || ix->cap_body == NULL)
 		goto fail;
-	ix->op = store_claim(env->store, env->base, &ix->req.claim, on_claim, ix);
-	if (ix->op == NULL)
-		goto fail;
+	if (req->unprotected) {
+		/* forwarded on the next loop turn, never inside this call */
+		ix->state = IDEM_ST_PASS;
+		arm_timer(ix, 0);
+	} else {
+		ix->op = store_claim(env->store, env->base, &ix->req.claim,
+				     on_claim, ix);
+		if (ix->op == NULL)
+			goto fail;
+	}
 	req->request = NULL;	/* ours now */
 	return ix;
 fail:

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/queue.h>
+#include <time.h>
 
 #include "config.h"
 #include "metrics.h"
@@ -67,6 +68,15 @@ struct idem_request {
 	enum upstream_error_mode on_upstream_error;
 	bool head_method;		/* HEAD: the response has no body */
 	bool keep_set_cookie;		/* scoped to a caller: store Set-Cookie */
+	bool unprotected;		/* no key to be had: just forward it */
+	/* require_issued_key: the key must have been issued by this proxy
+	 * (a marker record in issued_scope) no longer than issued_ttl_ms
+	 * before its first use */
+	bool check_issued;
+	time_t issued_at;		/* from the key; 0: not one of ours */
+	uint64_t issued_ttl_ms;
+	uint64_t issued_lease_ms;	/* the marker's lifetime */
+	char issued_scope[STORE_SCOPE_LEN + 1];
 	struct evbuffer *request;	/* head + body for the upstream; taken */
 };
 

@@ -679,7 +679,7 @@ class PgServer:
                     "max_connections = 300\n"
                     "fsync = off\nsynchronous_commit = off\n"
                     "full_page_writes = off\n"
-                    "log_min_messages = warning\n")
+                    "log_min_messages = warning\nlog_checkpoints = off\n")
         self.start()
 
     def _run(self, argv, timeout=60, check=True):
@@ -1015,3 +1015,28 @@ def spawn_proxy(tmp_path, stub):
         finally:
             print(f"--- {p.log_path.name} ---\n{p.log()}")
     assert not errors, "\n".join(errors)
+
+
+def readyz(p):
+    """/readyz status of a Proxy (None when the admin port does not answer)."""
+    try:
+        return http_get(p.admin_port, "/readyz", timeout=2)[0]
+    except OSError:
+        return None
+
+
+def wait_readyz(p, want=200, timeout=15.0):
+    """Poll /readyz until it answers `want`; returns the elapsed seconds,
+    raises AssertionError on timeout (the proxy's log attached)."""
+    t0 = time.monotonic()
+    while True:
+        status = readyz(p)
+        if status == want:
+            return time.monotonic() - t0
+        if p.proc.poll() is not None:
+            raise AssertionError(f"idemproxy exited {p.proc.returncode}\n"
+                                 f"{p.log()}")
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"/readyz still {status} (want {want}) "
+                                 f"after {timeout}s\n{p.log()}")
+        time.sleep(0.05)

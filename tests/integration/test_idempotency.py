@@ -4,6 +4,11 @@
 Executions are counted by the stub (GET /__stats "requests": everything that
 reached the upstream). The stub's echo carries "n", the execution number, so
 two responses with the same body come from the same execution.
+
+Every scenario runs once per store setup (conftest `store_setup`): the
+embedded memory store, PostgreSQL, and PostgreSQL with Redis in front
+(issue 4 "Tests"): `make_proxy` below adds the setup's flags, so a test
+written once checks all three.
 """
 import concurrent.futures as cf
 import hashlib
@@ -15,10 +20,22 @@ import pytest
 
 from conftest import (RawConn, Stub, assert_problem, build_request, chunked,
                       free_port, metric_value, pattern_bytes, request,
-                      upstream_echo)
+                      upstream_echo, wait_readyz)
 
 KEY = "Idempotency-Key"
 ORDER = b'{"item":"book","amount":100}'
+
+
+@pytest.fixture
+def make_proxy(store_args, make_proxy):
+    """conftest's make_proxy with the store setup's flags in front
+    (store_args first: its database outlives the proxies), returning once
+    /readyz says the store is connected."""
+    def make(*flags, **kw):
+        p = make_proxy(*store_args, *flags, **kw)
+        wait_readyz(p)
+        return p
+    return make
 
 
 def newkey(prefix="k"):
