@@ -188,6 +188,12 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 		worker_post_config(&d->workers[i], cfg);
 	config_unref(d->cfg);
 	d->cfg = cfg;
+	if (d->sweep != NULL) {
+		struct timeval tv = { (time_t)(cfg->sweep_interval_ms / 1000),
+			(suseconds_t)(cfg->sweep_interval_ms % 1000) * 1000 };
+
+		event_add(d->sweep, &tv);	/* re-armed at the new interval */
+	}
 	log_info("SIGHUP: reloaded %s", cfg->config_file);
 }
 
