@@ -129,13 +129,14 @@ int keysrc_json(const char *body, size_t len, const char *pointer,
 
 	if (tok == NULL)
 		return KEYSRC_INVALID;
+	json_tokener_set_flags(tok, JSON_TOKENER_STRICT);	/* RFC 8259 only */
 	root = json_tokener_parse_ex(tok, body, (int)len);
 	if (root == NULL || json_tokener_get_error(tok) != json_tokener_success ||
 	    json_tokener_get_parse_end(tok) != len) {
-		/* malformed, truncated, or trailing bytes */
+		/* malformed, truncated, or trailing bytes: no key to be had */
 		json_object_put(root);
 		json_tokener_free(tok);
-		return KEYSRC_INVALID;
+		return KEYSRC_MISSING;
 	}
 	json_tokener_free(tok);
 	if (json_pointer_get(root, pointer, &v) != 0 || v == NULL) {

@@ -4,9 +4,10 @@
  *
  * Each function writes the key (NUL-terminated, at most IDEMKEY_MAX bytes
  * after the prefix) into out and returns its length, or KEYSRC_MISSING when
- * the source has no such value, or KEYSRC_INVALID when the value is not a
- * valid key (empty, too long, not visible ASCII) or the body cannot be
- * parsed. Every key is subject to the syntax of idemkey.h.
+ * the source has no such value (a body that does not parse has none), or
+ * KEYSRC_INVALID when the value is there but is not a valid key (empty,
+ * too long, not visible ASCII, an object). Every key is subject to the
+ * syntax of idemkey.h.
  */
 #ifndef IDEMPROXY_KEYSRC_H
 #define IDEMPROXY_KEYSRC_H

@@ -1243,6 +1243,30 @@ static void issue_key(struct conn *c)
 		       OUTCOME_STORE_UNAVAILABLE);
 }
 
+/*
+ * Is the body of this media type? For json, any "+json" suffix type counts
+ * (application/problem+json). Parameters (charset) are ignored.
+ */
+static bool content_type_is(struct conn *c, const char *type)
+{
+	int i = hdrlist_find(&c->req, "content-type", 0);
+	const char *v, *end;
+	size_t n, tn = strlen(type);
+
+	if (i < 0)
+		return false;
+	v = hdr_value(&c->req, (uint32_t)i);
+	while (*v == ' ' || *v == '\t')
+		v++;
+	end = v + strcspn(v, "; \t");
+	n = (size_t)(end - v);
+	if (n == tn && strncasecmp(v, type, n) == 0)
+		return true;
+	return strcmp(type, "application/json") == 0 && n > 17 &&
+	       strncasecmp(v, "application/", 12) == 0 &&
+	       strncasecmp(end - 5, "+json", 5) == 0;
+}
+
 /* keys are namespaced by the SHA-256 of the scope header's value */
 static void scope_of(struct conn *c, char scope[STORE_SCOPE_LEN + 1])
 {
@@ -1315,7 +1339,8 @@ static void start_claim(struct conn *c)
 					       p->verify_tolerance_ms)) {
 			answer(c, PROBLEM_SIGNATURE_INVALID, s < 0 ?
 			       "the signature header is missing" :
-			       "the signature does not match the body",
+			       "the signature does not match the body, or its "
+			       "timestamp is outside verify_tolerance",
 			       OUTCOME_SIGNATURE_INVALID);
 			return;
 		}
@@ -1324,12 +1349,16 @@ static void start_claim(struct conn *c)
 		body = body_len ? (const char *)evbuffer_pullup(c->body, -1) : "";
 		switch (p->key_source) {
 		case KEY_SRC_FORM:
-			k = keysrc_form(body, body_len, p->key_name, p->key_prefix,
-					c->key);
+			k = !content_type_is(c, "application/x-www-form-urlencoded") ?
+				KEYSRC_MISSING :
+				keysrc_form(body, body_len, p->key_name,
+					    p->key_prefix, c->key);
 			break;
 		case KEY_SRC_JSON:
-			k = keysrc_json(body, body_len, p->key_name, p->key_prefix,
-					c->key);
+			k = !content_type_is(c, "application/json") ?
+				KEYSRC_MISSING :
+				keysrc_json(body, body_len, p->key_name,
+					    p->key_prefix, c->key);
 			break;
 		case KEY_SRC_AUTO: {
 			char hex[2 * FP_LEN + 1];
@@ -1361,7 +1390,10 @@ static void start_claim(struct conn *c)
 	req.head_method = c->method == HTTP_HEAD;
 	req.keep_set_cookie = p->scope_header != NULL;
 	req.check_issued = p->require_issued_key;
-	req.issued_at = issued_time(c->key);
+	/* the key as issued: without the route's prefix */
+	snprintf(req.issued_key, sizeof(req.issued_key), "%s",
+		 c->key + strlen(p->key_prefix));
+	req.issued_at = issued_time(req.issued_key);
 	req.issued_ttl_ms = p->issued_key_ttl_ms;
 	snprintf(req.issued_scope, sizeof(req.issued_scope), "%s", ISSUED_SCOPE);
 	req.issued_lease_ms = issued_marker_ttl(c->cfg);
@@ -1446,6 +1478,7 @@ static void decide(struct conn *c)
 	const struct config *cfg = c->cfg;
 	const struct hdrlist *h = &c->req;
 	const struct policy *p;
+	char raw[IDEMKEY_MAX + 1];
 	int k, e;
 
 	/* a request without a body is complete: an answer keeps the connection */
@@ -1471,8 +1504,8 @@ static void decide(struct conn *c)
 		}
 		if (hdrlist_find(h, p->key_name, (uint32_t)k + 1) >= 0 ||
 		    idemkey_parse(hdr_value(h, (uint32_t)k), h->v[k].value_len,
-				  c->key) < 0 ||
-		    keysrc_finish(p->key_prefix, c->key, strlen(c->key), c->key) < 0) {
+				  raw) < 0 ||
+		    keysrc_finish(p->key_prefix, raw, strlen(raw), c->key) < 0) {
 			c->outcome = OUTCOME_INVALID_KEY;
 			respond_problem(c, PROBLEM_INVALID_KEY, "the key must be one "
 					"header of 1-255 visible ASCII characters, "

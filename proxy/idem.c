@@ -418,7 +418,7 @@ static void on_watch(void *arg, const struct store_result *res)
 static void marker_key(const struct idem *ix, struct store_key *k)
 {
 	memcpy(k->scope, ix->req.issued_scope, sizeof(k->scope));
-	memcpy(k->key, ix->req.claim.key.key, sizeof(k->key));
+	memcpy(k->key, ix->req.issued_key, sizeof(k->key));
 }
 
 static void undo_step(struct idem *ix);

@@ -73,6 +73,7 @@ struct idem_request {
 	 * (a marker record in issued_scope) no longer than issued_ttl_ms
 	 * before its first use */
 	bool check_issued;
+	char issued_key[IDEMKEY_MAX + 1];	/* the key without key_prefix */
 	time_t issued_at;		/* from the key; 0: not one of ours */
 	uint64_t issued_ttl_ms;
 	uint64_t issued_lease_ms;	/* the marker's lifetime */
