@@ -39,6 +39,7 @@
 
 #define PG_POLL_MS 500
 #define PG_OP_TIMEOUT_MS 5000
+#define PG_CONNECT_TIMEOUT_MS 5000
 #define PG_BACKOFF_MIN_MS 100
 #define PG_BACKOFF_MAX_MS 5000
 #define PG_SWEEP_BATCH 1000
@@ -332,12 +333,22 @@ static struct pg_op *op_new(struct pg_store *s, struct event_base *base,
 	return o;
 }
 
-/* Queue for a connection, or fail at once when none is up. */
+/* Is any statement connection of l up, or on its way up? */
+static bool may_serve(const struct pg_local *l)
+{
+	for (int i = 0; i < l->nconns; i++)
+		if (l->conns[i].state != PGC_DOWN)
+			return true;
+	return false;
+}
+
+/* Queue for a connection, or fail at once when none is up or coming up
+ * (a connection on its way is bounded by PG_CONNECT_TIMEOUT_MS). */
 static struct store_op *op_submit(struct pg_op *o)
 {
 	struct pg_local *l = o->local;
 
-	if (l->up == 0) {
+	if (!may_serve(l)) {
 		op_finish(o, STORE_ERROR);
 		return &o->op;
 	}
@@ -397,7 +408,7 @@ static void conn_fail(struct pg_conn *c, const char *why)
 		c->op = NULL;
 		op_finish(o, STORE_ERROR);
 	}
-	if (l->up == 0) {
+	if (!may_serve(l)) {
 		/* nothing can serve the queue: fail fast, do not hang */
 		while ((o = TAILQ_FIRST(&l->queue)) != NULL) {
 			TAILQ_REMOVE(&l->queue, o, link);
@@ -457,6 +468,8 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		conn_start(c);
 	else if (c->state == PGC_BUSY)
 		conn_fail(c, "statement timed out");
+	else if (c->state == PGC_CONNECTING || c->state == PGC_SETUP)
+		conn_fail(c, "connect timed out");
 }
 
 /* The server's notices (e.g. FATAL at shutdown) are not ours to print;
@@ -478,6 +491,12 @@ static void conn_start(struct pg_conn *c)
 	}
 	c->state = PGC_CONNECTING;
 	arm_io(c, EV_WRITE);
+	if (c->pg != NULL) {
+		struct timeval tv = { PG_CONNECT_TIMEOUT_MS / 1000,
+				      (PG_CONNECT_TIMEOUT_MS % 1000) * 1000 };
+
+		evtimer_add(c->timer, &tv);	/* a black-holed server */
+	}
 }
 
 /* Read a binary int4 column. */
@@ -614,6 +633,7 @@ static void drain_results(struct pg_conn *c)
 			/* the statement (or setup batch) is over */
 			if (c->state == PGC_SETUP) {
 				c->backoff_ms = PG_BACKOFF_MIN_MS;
+				evtimer_del(c->timer);	/* the connect deadline */
 				set_up(c, true);
 			}
 			if (c->state == PGC_BUSY)

@@ -91,6 +91,8 @@ enum conn_state {
 	CONN_ST_CLAIM,		/* keyed: the engine claims, waits, decides */
 	CONN_ST_FORWARD,	/* exchange with the upstream under way */
 	CONN_ST_RESPOND,	/* a response of the proxy's own is queued */
+	CONN_ST_SETTLE,		/* keyed: response out; the next request waits
+				 * until the engine has recorded the outcome */
 	CONN_ST_CLOSING,	/* flushing the output, then closing */
 	CONN_ST_LINGER,		/* write side shut, swallowing input briefly */
 	CONN_ST_CLOSED,		/* on the reap list */
@@ -98,7 +100,7 @@ enum conn_state {
 
 static const char *const state_names[] = {
 	"idle", "read_head", "decide", "body", "claim", "forward", "respond",
-	"closing", "linger", "closed",
+	"settle", "closing", "linger", "closed",
 };
 
 struct conn {
@@ -179,8 +181,10 @@ static void conn_set_state(struct conn *c, enum conn_state next)
 		[CONN_ST_BODY] = 1u << CONN_ST_CLAIM | 1u << CONN_ST_RESPOND,
 		[CONN_ST_CLAIM] = 1u << CONN_ST_FORWARD | 1u << CONN_ST_RESPOND,
 		[CONN_ST_FORWARD] = 1u << CONN_ST_RESPOND | 1u << CONN_ST_IDLE |
+			1u << CONN_ST_SETTLE | 1u << CONN_ST_CLOSING,
+		[CONN_ST_RESPOND] = 1u << CONN_ST_IDLE | 1u << CONN_ST_SETTLE |
 			1u << CONN_ST_CLOSING,
-		[CONN_ST_RESPOND] = 1u << CONN_ST_IDLE | 1u << CONN_ST_CLOSING,
+		[CONN_ST_SETTLE] = 1u << CONN_ST_IDLE | 1u << CONN_ST_CLOSING,
 		[CONN_ST_CLOSING] = 1u << CONN_ST_LINGER,
 		[CONN_ST_LINGER] = 0,
 		[CONN_ST_CLOSED] = 0,
@@ -218,8 +222,12 @@ static double elapsed_since(const struct timespec *t0)
  * Answer the current request with a problem document. `close` forces
  * Connection: close; so does a request whose body was not read in full.
  */
-static void respond_problem(struct conn *c, enum problem p, const char *detail,
-			    bool close)
+/*
+ * Queue the problem response; returns false when the connection was cut
+ * instead (a response was already under way).
+ */
+static bool write_problem(struct conn *c, enum problem p, const char *detail,
+			  bool close)
 {
 	struct evbuffer *out = bufferevent_get_output(c->bev);
 	char body[1024];
@@ -236,7 +244,7 @@ static void respond_problem(struct conn *c, enum problem p, const char *detail,
 		/* The client already has part of another response: all we
 		 * can do is cut the connection. */
 		conn_close(c, problem_slug(p));
-		return;
+		return false;
 	}
 	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n"
 			    "Content-Type: application/problem+json\r\n"
@@ -250,7 +258,14 @@ static void respond_problem(struct conn *c, enum problem p, const char *detail,
 	c->resp_started = true;
 	c->resp_done = true;
 	conn_set_state(c, CONN_ST_RESPOND);
-	end_request(c);
+	return true;
+}
+
+static void respond_problem(struct conn *c, enum problem p, const char *detail,
+			    bool close)
+{
+	if (write_problem(c, p, detail, close))
+		end_request(c);
 }
 
 /* A request that never became one: bad syntax, too large, too slow. */
@@ -396,6 +411,11 @@ static void reset_request(struct conn *c)
  */
 static void end_request(struct conn *c)
 {
+	if (c->idem != NULL) {
+		/* closing: the engine records the outcome on its own */
+		idem_detach(c->idem);
+		c->idem = NULL;
+	}
 	if (c->method >= 0)
 		metrics_outcome(c->outcome);
 	c->method = -1;
@@ -1113,21 +1133,50 @@ static bool sink_body(void *client, struct evbuffer *src, size_t len)
 	return client_body(client, src, len);
 }
 
+/*
+ * The response is complete and queued. A connection that stays open waits
+ * (SETTLE) for the engine to record the outcome before it reads the next
+ * request: a client that sends the duplicate the moment it has the
+ * response, on the same connection, gets the replay and never a spurious
+ * 409 for a request that is over. The response itself is not delayed.
+ */
+static void hold_for_settle(struct conn *c)
+{
+	if (c->close_after || c->client_eof || c->draining) {
+		end_request(c);		/* nothing more will be read */
+		return;
+	}
+	conn_set_state(c, CONN_ST_SETTLE);
+}
+
 static void sink_done(void *client)
 {
 	struct conn *c = client;
 
-	c->idem = NULL;
 	client_done(c);
-	end_request(c);
+	hold_for_settle(c);
 }
 
 static void sink_failed(void *client, enum upstream_error err)
 {
 	struct conn *c = client;
 
+	if (write_problem(c, err == UPSTREAM_ERROR_TIMEOUT ?
+				  PROBLEM_UPSTREAM_TIMEOUT :
+				  PROBLEM_UPSTREAM_UNAVAILABLE,
+			  err == UPSTREAM_ERROR_TIMEOUT ?
+				  "the upstream did not answer in time" :
+				  "the upstream connection failed", false))
+		hold_for_settle(c);
+}
+
+static void sink_settled(void *client)
+{
+	struct conn *c = client;
+
 	c->idem = NULL;
-	answer_upstream_error(c, err);
+	if (c->state == CONN_ST_SETTLE)
+		end_request(c);
 }
 
 static const struct idem_sink conn_sink = {
@@ -1138,6 +1187,7 @@ static const struct idem_sink conn_sink = {
 	.body = sink_body,
 	.done = sink_done,
 	.failed = sink_failed,
+	.settled = sink_settled,
 };
 
 /* ---- key issuing (DESIGN.md §4, article §4.3 and §6) -------------------- */
@@ -1582,6 +1632,7 @@ static void read_cb(struct bufferevent *bev, void *arg)
 		break;
 	case CONN_ST_DECIDE:
 	case CONN_ST_CLAIM:
+	case CONN_ST_SETTLE:
 		break;		/* parser paused: the bytes wait */
 	case CONN_ST_RESPOND:
 	case CONN_ST_CLOSING:
@@ -1631,6 +1682,11 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		}
 		conn_close(c, (what & BEV_EVENT_READING) ? "idle timeout" :
 							  "write timeout");
+		return;
+	}
+	if ((what & BEV_EVENT_EOF) && c->state == CONN_ST_SETTLE) {
+		/* nothing more will come: the response is out */
+		end_request(c);
 		return;
 	}
 	if ((what & BEV_EVENT_EOF) && c->req_done &&

@@ -111,6 +111,16 @@ bool idem_status_releases(int status, enum upstream_error_mode mode)
 	return status >= 500 && mode == UPSTREAM_ERROR_RELEASE;
 }
 
+/* The outcome is recorded (or given up): the client may go on. */
+static void settled(struct idem *ix)
+{
+	void *client = ix->client;
+
+	ix->client = NULL;
+	if (client != NULL)
+		ix->sink->settled(client);
+}
+
 /* Free everything; the engine is done with the store and the upstream. */
 static void idem_free(struct idem *ix)
 {
@@ -150,6 +160,13 @@ static void let_go(struct idem *ix)
 		TAILQ_INSERT_TAIL(&ix->env->orphans, ix, orphan_link);
 		ix->env->norphans++;
 	}
+}
+
+/* Nobody waits for this engine any more: it finishes as an orphan. */
+static void let_go_if_alone(struct idem *ix)
+{
+	if (ix->client == NULL)
+		let_go(ix);
 }
 
 static void observe_wait(struct idem *ix)
@@ -239,12 +256,8 @@ static void up_done(void *arg)
 	upstream_release(ix->up);
 	ix->up = NULL;
 	evtimer_del(ix->timer);
-	if (ix->client != NULL) {
-		void *client = ix->client;
-
-		ix->client = NULL;
-		ix->sink->done(client);
-	}
+	if (ix->client != NULL)
+		ix->sink->done(ix->client);
 	settle(ix);
 }
 
@@ -258,12 +271,8 @@ static void up_error(void *arg, enum upstream_error err, bool retryable)
 	evtimer_del(ix->timer);
 	log_warn("key %s: upstream %s", ix->req.claim.key.key,
 		 upstream_error_name(err));
-	if (ix->client != NULL) {
-		void *client = ix->client;
-
-		ix->client = NULL;
-		ix->sink->failed(client, err);
-	}
+	if (ix->client != NULL)
+		ix->sink->failed(ix->client, err);
 	settle(ix);
 }
 
@@ -352,6 +361,7 @@ static void on_settled(void *arg, const struct store_result *res)
 			  ix->req.claim.key.key, store_status_name(res->status));
 		break;
 	}
+	settled(ix);
 	idem_free(ix);
 }
 
@@ -368,6 +378,7 @@ static void write_settlement(struct idem *ix)
 				       ix->owner, on_settled, ix);
 	if (ix->op == NULL) {
 		metrics_count(COUNTER_completion_failures_total);
+		settled(ix);
 		idem_free(ix);
 	}
 }
@@ -380,7 +391,8 @@ static void settle(struct idem *ix)
 {
 	ix->state = IDEM_ST_SETTLE;
 	if (!ix->owns) {
-		idem_free(ix);	/* fail-open: nothing to write */
+		settled(ix);	/* unprotected: nothing to write */
+		idem_free(ix);
 		return;
 	}
 	if (ix->failed) {
@@ -398,8 +410,8 @@ static void settle(struct idem *ix)
 	}
 	/* the captured copies are no longer needed */
 	evbuffer_drain(ix->cap_body, evbuffer_get_length(ix->cap_body));
-	if (ix->client == NULL && !ix->orphan)
-		let_go(ix);
+	if (!ix->orphan)
+		let_go_if_alone(ix);
 	write_settlement(ix);
 }
 

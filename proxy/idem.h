@@ -41,9 +41,10 @@ struct idem_env {
 };
 
 /*
- * The client side of a keyed request, implemented by conn.c. replay,
- * problem, done and failed are final: after them the engine never calls
- * the client again (it may go on writing the outcome to the store).
+ * The client side of a keyed request, implemented by conn.c. replay and
+ * problem are final: after them the engine never calls the client again.
+ * done and failed end the response; settled follows once the outcome is
+ * recorded in the store (or given up), and is the last call.
  */
 struct idem_sink {
 	void (*replay)(void *client, struct stored_response *r);
@@ -56,6 +57,7 @@ struct idem_sink {
 	bool (*body)(void *client, struct evbuffer *src, size_t len);
 	void (*done)(void *client);
 	void (*failed)(void *client, enum upstream_error err);
+	void (*settled)(void *client);
 };
 
 struct idem_request {

@@ -25,6 +25,11 @@
 #   BUILD_DIR         release build directory (default: build-bench)
 #   NGINX=nginx  WRK=wrk  PYTHON=/usr/bin/python3
 #
+# Besides req/s and latency, each row shows the server's CPU time per request
+# (user + system of the serving processes, from /proc/PID/stat, over the
+# run): on a machine shared with other work req/s swings by 30% between runs,
+# CPU per request much less; idemproxy/nginx is given for both.
+#
 # Everything listens on 127.0.0.1 (free ports picked at start); every process
 # started here is stopped by PID on exit, failure or Ctrl-C.
 set -euo pipefail
@@ -55,7 +60,9 @@ done
 [[ $WORKERS =~ ^[1-9][0-9]*$ ]] || die "WORKERS must be a positive integer"
 
 # ---- build --------------------------------------------------------------
+BIN_ORIGIN="given as IDEMPROXY_BIN"
 if [[ -z ${IDEMPROXY_BIN:-} ]]; then
+	BIN_ORIGIN=built
 	if [[ ! -f $BUILD_DIR/build.ninja ]]; then
 		note "configuring release build in $BUILD_DIR"
 		meson setup "$BUILD_DIR" "$ROOT" -Dbuildtype=release >/dev/null
@@ -201,16 +208,32 @@ serving_pids() {
 	esac
 }
 
+# CPU time (user + system) in clock ticks, summed over the given PIDs.
+cpu_ticks() {
+	local sum=0 pid v
+	for pid in "$@"; do
+		v=$(sed 's/^.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')
+		sum=$((sum + v))
+	done
+	echo "$sum"
+}
+
 # ---- wrk ----------------------------------------------------------------------
-# run_wrk URL DURATION [LUA]: prints "rps p50_ms p99_ms errors"
+# run_wrk URL DURATION [LUA] [PIDS]: prints "rps p50_ms p99_ms errors cpu_us_per_req";
+# the last is the CPU time the server PIDS used per request during the run
+# (0 without PIDS), a figure much less sensitive to a busy machine than req/s.
 run_wrk() {
-	local url=$1 dur=$2 lua=${3:-} secs out
+	local url=$1 dur=$2 lua=${3:-} pids=${4:-} secs out t0 t1
 	local args=(-t"$THREADS" -c"$CONNS" -d"$dur" --latency)
 	[[ -n $lua ]] && args+=(-s "$lua")
 	secs=${dur%s}
+	# shellcheck disable=SC2086
+	t0=$(cpu_ticks $pids)
 	out=$(timeout $((secs + 30)) "${wrk_cpu[@]}" "$WRK" "${args[@]}" "$url") ||
 		die "wrk failed against $url"
-	awk '
+	# shellcheck disable=SC2086
+	t1=$(cpu_ticks $pids)
+	awk -v ticks=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
 	function ms(v) {
 		if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000
 		if (v ~ /ms$/) return substr(v, 1, length(v) - 2) + 0
@@ -219,13 +242,15 @@ run_wrk() {
 		return v + 0
 	}
 	/^Requests\/sec:/ { rps = $2 }
+	/ requests in / { n = $1 }
 	/^ +50%/ { p50 = ms($2) }
 	/^ +99%/ { p99 = ms($2) }
 	/Non-2xx or 3xx responses:/ { err += $NF }
 	/Socket errors:/ {
 		for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) err += $i + 0
 	}
-	END { printf "%.0f %.3f %.3f %d\n", rps, p50, p99, err }
+	END { printf "%.0f %.3f %.3f %d %.2f\n", rps, p50, p99, err,
+		n > 0 ? ticks * 1e6 / hz / n : 0 }
 	' <<<"$out"
 }
 
@@ -237,6 +262,7 @@ git_rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [[ -n $(git -C "$ROOT" status --porcelain -- proxy common 2>/dev/null) ]]; then
 	git_rev="$git_rev (proxy/ or common/ modified)"
 fi
+[[ $BIN_ORIGIN == built ]] || git_rev="n/a (binary given as IDEMPROXY_BIN)"
 echo "== idemproxy pass-through benchmark"
 echo "command:   WORKERS=$WORKERS THREADS=$THREADS CONNS=$CONNS DURATION=$DURATION" \
      "WARMUP=$WARMUP REPEAT=$REPEAT IDLE_CONNS=$IDLE_CONNS PIN=$PIN $0 $*"
@@ -312,7 +338,9 @@ declare -A URL=(
 TARGETS=(stub nginx idemproxy)
 KINDS=(GET POST1K)
 declare -A LUA=([GET]="" [POST1K]="$HERE/post1k.lua")
-declare -A RPS P50 P99 ERR
+declare -A RPS P50 P99 ERR CPU
+declare -A SPIDS=([stub]="$STUB_PID" [nginx]="$(serving_pids nginx | tr '\n' ' ')"
+	[idemproxy]="$PROXY_PID")
 
 for kind in "${KINDS[@]}"; do
 	for t in "${TARGETS[@]}"; do
@@ -323,9 +351,10 @@ done
 for ((r = 1; r <= REPEAT; r++)); do
 	for kind in "${KINDS[@]}"; do
 		for t in "${TARGETS[@]}"; do
-			res=$(run_wrk "${URL[$t]}" "$DURATION" "${LUA[$kind]}") || exit 1
-			read -r rps p50 p99 err <<<"$res"
-			note "run $r/$REPEAT $kind $t: $rps req/s, p50 $p50 ms, p99 $p99 ms, errors $err"
+			res=$(run_wrk "${URL[$t]}" "$DURATION" "${LUA[$kind]}" "${SPIDS[$t]}") || exit 1
+			read -r rps p50 p99 err cpu <<<"$res"
+			note "run $r/$REPEAT $kind $t: $rps req/s, p50 $p50 ms, p99 $p99 ms, errors $err, CPU $cpu us/req"
+			CPU[$kind/$t]+="$cpu "
 			RPS[$kind/$t]+="$rps "
 			P50[$kind/$t]+="$p50 "
 			P99[$kind/$t]+="$p99 "
@@ -335,26 +364,28 @@ for ((r = 1; r <= REPEAT; r++)); do
 done
 
 echo "== throughput and latency (median of $REPEAT x $DURATION, wrk -t$THREADS -c$CONNS)"
-printf '%-7s %-10s %10s %9s %9s %7s   %s\n' request target "req/s" "p50 ms" "p99 ms" errors "all runs req/s"
-declare -A MRPS MP99
+printf '%-7s %-10s %10s %9s %9s %11s %7s   %s\n' request target "req/s" "p50 ms" "p99 ms" "CPU us/req" errors "all runs req/s"
+declare -A MRPS MP99 MCPU
 for kind in "${KINDS[@]}"; do
 	for t in "${TARGETS[@]}"; do
 		MRPS[$kind/$t]=$(median <<<"${RPS[$kind/$t]% }")
 		MP99[$kind/$t]=$(median <<<"${P99[$kind/$t]% }")
-		printf '%-7s %-10s %10.0f %9.3f %9.3f %7d   %s\n' "$kind" "$t" \
+		MCPU[$kind/$t]=$(median <<<"${CPU[$kind/$t]% }")
+		printf '%-7s %-10s %10.0f %9.3f %9.3f %11.2f %7d   %s\n' "$kind" "$t" \
 			"${MRPS[$kind/$t]}" "$(median <<<"${P50[$kind/$t]% }")" \
-			"${MP99[$kind/$t]}" "${ERR[$kind/$t]}" "${RPS[$kind/$t]% }"
+			"${MP99[$kind/$t]}" "${MCPU[$kind/$t]}" "${ERR[$kind/$t]}" "${RPS[$kind/$t]% }"
 	done
 done
 echo
 
 echo "== idemproxy / nginx, and the goals of issue 2"
-printf '%-7s %12s %12s   %s\n' request "rps ratio" "p99 ratio" "goal: rps >= 1.00x nginx, p99 <= nginx"
+printf '%-7s %12s %12s %12s   %s\n' request "rps ratio" "p99 ratio" "CPU ratio" "goal: rps >= 1.00x nginx, p99 <= nginx"
 for kind in "${KINDS[@]}"; do
 	awk -v k="$kind" -v pr="${MRPS[$kind/idemproxy]}" -v nr="${MRPS[$kind/nginx]}" \
-	    -v pp="${MP99[$kind/idemproxy]}" -v np="${MP99[$kind/nginx]}" 'BEGIN {
-		rr = pr / nr; lr = pp / np
-		printf "%-7s %11.2fx %11.2fx   rps %s, p99 %s\n", k, rr, lr,
+	    -v pp="${MP99[$kind/idemproxy]}" -v np="${MP99[$kind/nginx]}" \
+	    -v pc="${MCPU[$kind/idemproxy]}" -v nc="${MCPU[$kind/nginx]}" 'BEGIN {
+		rr = pr / nr; lr = pp / np; cr = nc > 0 ? pc / nc : 0
+		printf "%-7s %11.2fx %11.2fx %11.2fx   rps %s, p99 %s\n", k, rr, lr, cr,
 			(rr >= 1.0 ? "MET" : sprintf("NOT MET (%.1f%% short)", (1 - rr) * 100)),
 			(lr <= 1.0 ? "MET" : sprintf("NOT MET (%.1f%% higher)", (lr - 1) * 100))
 	}'

@@ -677,7 +677,10 @@ class PgServer:
                     "listen_addresses = '127.0.0.1'\n"
                     f"unix_socket_directories = '{self.sock}'\n"
                     "max_connections = 300\n"
-                    "fsync = off\nsynchronous_commit = off\n"
+                    # fsync off survives a server crash (not an OS
+                    # crash); synchronous_commit stays on so that an
+                    # immediate stop loses no committed claim
+                    "fsync = off\n"
                     "full_page_writes = off\n"
                     "log_min_messages = warning\nlog_checkpoints = off\n")
         self.start()
@@ -799,23 +802,30 @@ def pg_server():
 
 
 _db_numbers = itertools.count(1)
+_dbs_to_drop = []
 
 
 @pytest.fixture
 def pg_db(pg_server):
-    """A fresh, empty database (no table: the proxy or migrate creates it)."""
+    """A fresh, empty database (no table: the proxy or migrate creates it).
+    It is dropped when the next test asks for one: by then every proxy
+    that used it has stopped (a drop at this fixture's teardown could run
+    before the proxies' teardown and cut their connections)."""
     pg_server.ensure_running()
+    while _dbs_to_drop:
+        old = _dbs_to_drop.pop()
+        pg_server.psql(f"drop database if exists {old} with (force)",
+                       check=False)
     name = f"t_{next(_db_numbers)}"
     pg_server.psql(f"create database {name}")
+    _dbs_to_drop.append(name)
+    log_start = os.path.getsize(pg_server.log_path) \
+        if os.path.exists(pg_server.log_path) else 0
     yield PgDb(pg_server, name)
-    print(f"--- postgresql log (tail) ---\n"
-          f"{read_text(pg_server.log_path)[-4000:]}")
-    try:
-        pg_server.ensure_running()
-        pg_server.psql(f"drop database if exists {name} with (force)",
-                       check=False)
-    except Exception as e:      # a leftover database harms nobody
-        print(f"drop database {name}: {e}")
+    with open(pg_server.log_path, "rb") as f:
+        f.seek(log_start)
+        print(f"--- postgresql log ---\n"
+              f"{f.read()[-4000:].decode('utf-8', 'replace')}")
 
 
 def resp_command(port, *args, timeout=5.0):
