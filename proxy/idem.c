@@ -65,6 +65,7 @@ struct idem {
 	struct timespec wait_start;
 	bool waited;
 	bool owns;			/* won the claim: must settle */
+	bool retried;			/* sent again after a stale connection */
 	char owner[STORE_OWNER_LEN + 1];
 	char marker_owner[STORE_OWNER_LEN + 1];	/* a marker we created */
 	int attempts;
@@ -261,11 +262,27 @@ static void up_done(void *arg)
 	settle(ix);
 }
 
+static bool send_request(struct idem *ix, bool fresh);
+
 static void up_error(void *arg, enum upstream_error err, bool retryable)
 {
 	struct idem *ix = arg;
 
 	ix->up = NULL;
+	/*
+	 * A pooled connection the upstream had closed while idle failed
+	 * before any response byte. Sending again on a fresh connection is
+	 * what the client would do after our 502 and the release - unless
+	 * the route wants strict at-most-once (keep), where an ambiguous
+	 * failure is never executed twice.
+	 */
+	if (retryable && !ix->retried && ix->req.request != NULL &&
+	    ix->req.on_upstream_error == UPSTREAM_ERROR_RELEASE &&
+	    !ix->resp_head) {
+		ix->retried = true;
+		if (send_request(ix, true))
+			return;
+	}
 	ix->failed = true;
 	ix->error = err;
 	evtimer_del(ix->timer);
@@ -304,18 +321,37 @@ static void forward(struct idem *ix, enum outcome o)
 	ix->state = IDEM_ST_FORWARD;
 	if (ix->client != NULL)
 		ix->sink->forwarding(ix->client, o);
-	ix->up = upstream_acquire(ix->env->pool, &up_cbs, ix,
-				  ix->req.upstream_timeout_ms,
-				  ix->req.head_method, false);
-	if (ix->up == NULL) {
+	if (!send_request(ix, false)) {
 		up_error(ix, UPSTREAM_ERROR_CONNECT, false);
 		return;
 	}
-	clock_gettime(CLOCK_MONOTONIC, &ix->up_start);
-	evbuffer_add_buffer(upstream_output(ix->up), ix->req.request);
-	upstream_request_sent(ix->up);
 	if (ix->owns)
 		arm_timer(ix, ix->req.claim.lease_ms / 2);
+}
+
+/*
+ * Send the buffered request on a pooled (or, fresh, a new) connection.
+ * The bytes are kept (copied out) for one retry while a retry is allowed.
+ */
+static bool send_request(struct idem *ix, bool fresh)
+{
+	struct evbuffer *req = ix->req.request;
+	size_t len = evbuffer_get_length(req);
+	bool keep = !ix->retried &&
+		    ix->req.on_upstream_error == UPSTREAM_ERROR_RELEASE;
+
+	ix->up = upstream_acquire(ix->env->pool, &up_cbs, ix,
+				  ix->req.upstream_timeout_ms,
+				  ix->req.head_method, fresh);
+	if (ix->up == NULL)
+		return false;
+	clock_gettime(CLOCK_MONOTONIC, &ix->up_start);
+	if (keep)
+		evbuffer_add(upstream_output(ix->up), evbuffer_pullup(req, -1), len);
+	else
+		evbuffer_add_buffer(upstream_output(ix->up), req);
+	upstream_request_sent(ix->up);
+	return true;
 }
 
 /* ---- settling the record --------------------------------------------- */
