@@ -250,7 +250,7 @@ run_wrk() {
 		for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) err += $i + 0
 	}
 	END { printf "%.0f %.3f %.3f %d %.2f\n", rps, p50, p99, err,
-		n > 0 ? ticks * 1e6 / hz / n : 0 }
+		(n > 0 ? ticks * 1e6 / hz / n : 0) }
 	' <<<"$out"
 }
 
@@ -353,6 +353,7 @@ for ((r = 1; r <= REPEAT; r++)); do
 		for t in "${TARGETS[@]}"; do
 			res=$(run_wrk "${URL[$t]}" "$DURATION" "${LUA[$kind]}" "${SPIDS[$t]}") || exit 1
 			read -r rps p50 p99 err cpu <<<"$res"
+			[[ -n $rps && $rps != 0 ]] || die "no figures from wrk against ${URL[$t]}"
 			note "run $r/$REPEAT $kind $t: $rps req/s, p50 $p50 ms, p99 $p99 ms, errors $err, CPU $cpu us/req"
 			CPU[$kind/$t]+="$cpu "
 			RPS[$kind/$t]+="$rps "
