@@ -109,6 +109,7 @@ struct conn {
 	struct bufferevent *bev;
 	struct event *timer;		/* head timeout, then linger timeout */
 	struct event *kick;		/* parse pipelined input next turn */
+	struct event *flush;		/* write the output at the end of the turn */
 	enum conn_state state;
 	char peer[INET6_ADDRSTRLEN];
 	llhttp_t parser;
@@ -309,6 +310,8 @@ static void start_closing(struct conn *c)
 	evtimer_del(c->timer);
 	if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
 		start_linger(c);
+	else
+		bufferevent_enable(c->bev, EV_WRITE);	/* write_cb lingers */
 }
 
 /*
@@ -336,6 +339,7 @@ static void conn_close(struct conn *c, const char *reason)
 	}
 	evtimer_del(c->timer);
 	event_del(c->kick);
+	event_del(c->flush);
 	bufferevent_disable(c->bev, EV_READ | EV_WRITE);
 	bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
 	conn_set_state(c, CONN_ST_CLOSED);
@@ -357,6 +361,7 @@ void conn_free(struct conn *c)
 	bufferevent_free(c->bev);
 	event_free(c->timer);
 	event_free(c->kick);
+	event_free(c->flush);
 	hdrlist_free(&c->req);
 	if (c->body != NULL)
 		evbuffer_free(c->body);
@@ -1652,6 +1657,9 @@ static void write_cb(struct bufferevent *bev, void *arg)
 {
 	struct conn *c = arg;
 
+	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 &&
+	    c->state != CONN_ST_CLOSING)
+		bufferevent_disable(bev, EV_WRITE);	/* back to flush_cb */
 	if (c->state == CONN_ST_CLOSING) {
 		if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
 			start_linger(c);
@@ -1722,6 +1730,42 @@ static void kick_cb(evutil_socket_t fd, short what, void *arg)
 		conn_parse(c);
 }
 
+/*
+ * Output is written straight to the socket at the end of the loop turn in
+ * which it was queued, with one writev: no write event is armed (two
+ * epoll_ctl calls and a loop turn per response) unless the socket does not
+ * take everything. Then the bufferevent's write event carries on, and
+ * write_cb turns it off again once the output is empty.
+ */
+static void flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+	struct evbuffer *out = bufferevent_get_output(c->bev);
+
+	if (c->state == CONN_ST_CLOSED || evbuffer_get_length(out) == 0 ||
+	    (bufferevent_get_enabled(c->bev) & EV_WRITE))
+		return;
+	/* a bufferevent keeps the front of its output frozen: only it drains */
+	evbuffer_unfreeze(out, 1);
+	(void)evbuffer_write(out, bufferevent_getfd(c->bev));
+	evbuffer_freeze(out, 1);
+	if (evbuffer_get_length(out) > 0) {
+		bufferevent_enable(c->bev, EV_WRITE);	/* full, or an error */
+		return;
+	}
+	write_cb(c->bev, c);	/* drained: what the write event would do */
+}
+
+/* Bytes were queued for the client: flush them at the end of this turn. */
+static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *info,
+			 void *arg)
+{
+	struct conn *c = arg;
+
+	if (info->n_added > 0 && !(bufferevent_get_enabled(c->bev) & EV_WRITE))
+		event_active(c->flush, EV_WRITE, 1);
+}
+
 struct conn *conn_new(struct worker *w, evutil_socket_t fd,
 		      const struct sockaddr *peer, socklen_t peerlen)
 {
@@ -1738,7 +1782,9 @@ struct conn *conn_new(struct worker *w, evutil_socket_t fd,
 	fd = -1;	/* the bufferevent owns it now */
 	c->timer = evtimer_new(w->base, timer_cb, c);
 	c->kick = event_new(w->base, -1, 0, kick_cb, c);
-	if (c->timer == NULL || c->kick == NULL)
+	c->flush = event_new(w->base, -1, 0, flush_cb, c);
+	if (c->timer == NULL || c->kick == NULL || c->flush == NULL ||
+	    evbuffer_add_cb(bufferevent_get_output(c->bev), output_added, c) == NULL)
 		goto fail;
 	setsockopt(bufferevent_getfd(c->bev), IPPROTO_TCP, TCP_NODELAY, &one,
 		   sizeof(one));
@@ -1758,7 +1804,7 @@ struct conn *conn_new(struct worker *w, evutil_socket_t fd,
 	bufferevent_setwatermark(c->bev, EV_READ, 0, CONN_READ_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, CONN_LOW, 0);
 	set_read_timeout(c, w->cfg->idle_timeout_ms);
-	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	bufferevent_enable(c->bev, EV_READ);	/* writes: flush_cb */
 	TAILQ_INSERT_TAIL(&w->conns, c, link);
 	metrics_gauge_add(GAUGE_connections, 1);
 	return c;
@@ -1770,6 +1816,8 @@ fail:
 			event_free(c->timer);
 		if (c->kick != NULL)
 			event_free(c->kick);
+		if (c->flush != NULL)
+			event_free(c->flush);
 		free(c);
 	}
 	if (fd >= 0)

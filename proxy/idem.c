@@ -64,6 +64,7 @@ struct idem {
 					 * SETTLE: retry back-off */
 	struct timespec wait_start;
 	bool waited;
+	bool wait_expired;		/* wait_timeout passed during a re-claim */
 	bool owns;			/* won the claim: must settle */
 	bool retried;			/* sent again after a stale connection */
 	char owner[STORE_OWNER_LEN + 1];
@@ -458,8 +459,7 @@ static void on_watch(void *arg, const struct store_result *res)
 	struct idem *ix = arg;
 
 	ix->op = NULL;
-	evtimer_del(ix->timer);
-	claim(ix);
+	claim(ix);	/* the wait timer keeps running across re-claims */
 }
 
 /* The marker of an issued key: (issued_scope, key). */
@@ -603,7 +603,7 @@ static void on_claim(void *arg, const struct store_result *res)
 			       "(method, target or body)", OUTCOME_MISMATCH);
 		return;
 	case STORE_IN_FLIGHT:
-		if (ix->req.in_flight == IN_FLIGHT_REJECT) {
+		if (ix->req.in_flight == IN_FLIGHT_REJECT || ix->wait_expired) {
 			finish_problem(ix, PROBLEM_IN_PROGRESS,
 				       "a request with this key is still in progress",
 				       OUTCOME_CONFLICT);
@@ -675,8 +675,10 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		forward(ix, OUTCOME_PASSTHROUGH);
 		return;
 	case IDEM_ST_CLAIM:
-		/* the wait timed out while a re-claim was with the store;
-		 * its answer decides */
+		/* the wait timed out while a re-claim was with the store:
+		 * still in flight, it answers 409; settled, it goes on */
+		ix->wait_expired = true;
+		return;
 	case IDEM_ST_CHECK:
 	case IDEM_ST_UNDO:
 		return;

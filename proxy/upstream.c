@@ -73,6 +73,8 @@ struct upstream {
 	bool dead;		/* closed; free when the callback unwinds */
 	int depth;		/* callbacks of ours on the stack */
 
+	struct event *flush;		/* write the output at the end of the turn */
+
 	llhttp_t parser;
 	struct hdrlist headers;
 	size_t head_bytes;
@@ -156,10 +158,12 @@ static void up_close(struct upstream *u)
 	bufferevent_free(u->bev);
 	u->bev = NULL;
 	u->cbs = NULL;
+	event_del(u->flush);
 	metrics_gauge_add(GAUGE_upstream_connections, -1);
 	if (u->depth == 0) {
 		hdrlist_free(&u->headers);
 		evbuffer_free(u->chunk);
+		event_free(u->flush);
 		free(u);
 	}
 }
@@ -171,6 +175,7 @@ static bool up_leave(struct upstream *u)
 	if (--u->depth == 0 && u->dead) {
 		hdrlist_free(&u->headers);
 		evbuffer_free(u->chunk);
+		event_free(u->flush);
 		free(u);
 		return true;
 	}
@@ -492,11 +497,51 @@ static void write_cb(struct bufferevent *bev, void *arg)
 {
 	struct upstream *u = arg;
 
+	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 &&
+	    u->state != UP_ST_CONNECTING)
+		bufferevent_disable(bev, EV_WRITE);	/* back to flush_cb */
+
 	if (u->state != UP_ST_BUSY || u->cbs == NULL || u->cbs->on_drain == NULL)
 		return;
 	u->depth++;
 	u->cbs->on_drain(u->arg);
 	up_leave(u);
+}
+
+/*
+ * As on the client side (conn.c flush_cb): queued request bytes are written
+ * straight to the socket at the end of the turn; the write event is armed
+ * only while connecting or when the socket does not take everything.
+ */
+static void flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct upstream *u = arg;
+	struct evbuffer *out;
+
+	if (u->dead || u->state != UP_ST_BUSY)
+		return;
+	out = bufferevent_get_output(u->bev);
+	if (evbuffer_get_length(out) == 0 ||
+	    (bufferevent_get_enabled(u->bev) & EV_WRITE))
+		return;
+	evbuffer_unfreeze(out, 1);
+	(void)evbuffer_write(out, bufferevent_getfd(u->bev));
+	evbuffer_freeze(out, 1);
+	if (evbuffer_get_length(out) > 0) {
+		bufferevent_enable(u->bev, EV_WRITE);
+		return;
+	}
+	write_cb(u->bev, u);
+}
+
+static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *info,
+			 void *arg)
+{
+	struct upstream *u = arg;
+
+	if (info->n_added > 0 && !u->dead &&
+	    !(bufferevent_get_enabled(u->bev) & EV_WRITE))
+		event_active(u->flush, EV_WRITE, 1);
 }
 
 static void event_cb(struct bufferevent *bev, short what, void *arg)
@@ -601,7 +646,9 @@ static struct upstream *up_connect(struct upstream_pool *p)
 	u->pool = p;
 	u->chunk = evbuffer_new();
 	u->bev = bufferevent_socket_new(p->base, -1, BEV_OPT_CLOSE_ON_FREE);
-	if (u->chunk == NULL || u->bev == NULL)
+	u->flush = event_new(p->base, -1, 0, flush_cb, u);
+	if (u->chunk == NULL || u->bev == NULL || u->flush == NULL ||
+	    evbuffer_add_cb(bufferevent_get_output(u->bev), output_added, u) == NULL)
 		goto fail;
 	hdrlist_init(&u->headers);
 	bufferevent_setcb(u->bev, read_cb, write_cb, event_cb, u);
@@ -613,6 +660,8 @@ fail:
 		bufferevent_free(u->bev);
 	if (u->chunk != NULL)
 		evbuffer_free(u->chunk);
+	if (u->flush != NULL)
+		event_free(u->flush);
 	free(u);
 	return NULL;
 }
@@ -640,6 +689,7 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 			log_warn("upstream: cannot connect: %s", strerror(errno));
 			bufferevent_free(u->bev);
 			evbuffer_free(u->chunk);
+			event_free(u->flush);
 			free(u);
 			return NULL;
 		}
@@ -657,7 +707,10 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 	u->timeout.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
 	parser_reset(u);
 	set_timeouts(u, false);
-	bufferevent_enable(u->bev, EV_READ | EV_WRITE);
+	if (u->state == UP_ST_CONNECTING)
+		bufferevent_enable(u->bev, EV_READ | EV_WRITE);	/* the connect */
+	else
+		bufferevent_enable(u->bev, EV_READ);	/* writes: flush_cb */
 	return u;
 }
 
