@@ -9,6 +9,8 @@
 
 #include <json-c/json.h>
 
+#include "hex.h"
+
 int keysrc_finish(const char *prefix, const char *value, size_t len,
 		  char out[IDEMKEY_MAX + 1])
 {
@@ -27,17 +29,6 @@ int keysrc_finish(const char *prefix, const char *value, size_t len,
 	return (int)(plen + len);
 }
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* Percent-decode s[0..len) ('+' is a space) into buf. Returns the decoded
  * length, or -1 for a malformed escape or a too long value. */
 static int url_decode(const char *s, size_t len, char *buf, size_t cap)
@@ -52,8 +43,8 @@ static int url_decode(const char *s, size_t len, char *buf, size_t cap)
 
 			if (i + 2 >= len)
 				return -1;
-			hi = hexval(s[i + 1]);
-			lo = hexval(s[i + 2]);
+			hi = hex_digit(s[i + 1]);
+			lo = hex_digit(s[i + 2]);
 			if (hi < 0 || lo < 0)
 				return -1;
 			c = (char)(hi << 4 | lo);

@@ -610,7 +610,7 @@ const struct policy *route_policy(const struct config *cfg, int method,
 
 /* ---- printing ------------------------------------------------------------ */
 
-static const char *key_source_prefix(enum key_source k)
+const char *route_key_source_name(enum key_source k)
 {
 	switch (k) {
 	case KEY_SRC_HEADER: return "header:";
@@ -651,7 +651,7 @@ void routes_print(const struct config *cfg, FILE *out)
 		fprintf(out, "\n[route %s]\nmatch = ", r->name);
 		methods_print(r->methods, out);
 		fprintf(out, " %s\nkey = %s%s\n", r->glob,
-			key_source_prefix(p->key_source),
+			route_key_source_name(p->key_source),
 			p->key_name != NULL ? p->key_name : "");
 		if (p->key_prefix[0] != '\0')
 			fprintf(out, "key_prefix = %s\n", p->key_prefix);

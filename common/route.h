@@ -96,6 +96,9 @@ const struct policy *route_policy(const struct config *cfg, int method,
 
 bool route_glob_match(const char *glob, const char *s, size_t len);
 
+/* "header:", "query:", "form:", "json:", "auto", "none" */
+const char *route_key_source_name(enum key_source k);
+
 /* --check-config: one block per route, effective values. */
 void routes_print(const struct config *cfg, FILE *out);
 

@@ -11,18 +11,9 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-#define MAC_LEN 32
+#include "hex.h"
 
-static int unhex(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
+#define MAC_LEN 32
 
 /* 64 hex digits into 32 bytes; false when it is not exactly that. */
 static bool parse_mac(const char *s, size_t len, unsigned char out[MAC_LEN])
@@ -30,7 +21,7 @@ static bool parse_mac(const char *s, size_t len, unsigned char out[MAC_LEN])
 	if (len != 2 * MAC_LEN)
 		return false;
 	for (size_t i = 0; i < MAC_LEN; i++) {
-		int hi = unhex(s[2 * i]), lo = unhex(s[2 * i + 1]);
+		int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
 
 		if (hi < 0 || lo < 0)
 			return false;

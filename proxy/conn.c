@@ -157,8 +157,7 @@ struct conn {
 static void conn_parse(struct conn *c);
 static void pump_body(struct conn *c);
 static void decide(struct conn *c);
-static bool key_unusable(struct conn *c, bool missing, bool buffered);
-static const char *key_source_name(enum key_source k);
+static bool key_unusable(struct conn *c, bool missing);
 static void answer_upstream_error(struct conn *c, enum upstream_error err);
 static void end_request(struct conn *c);
 static void conn_close(struct conn *c, const char *reason);
@@ -433,7 +432,7 @@ static void end_request(struct conn *c)
 	conn_set_state(c, CONN_ST_IDLE);
 	bufferevent_enable(c->bev, EV_READ);
 	set_read_timeout(c, c->w->cfg->idle_timeout_ms);
-	/* Pipelined requests are parsed on the next loop turn (timer_cb), not
+	/* Pipelined requests are parsed on the next loop turn (kick_cb), not
 	 * here: we may be deep inside an upstream callback. */
 	if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
 		event_active(c->kick, EV_TIMEOUT, 1);
@@ -1344,18 +1343,6 @@ static void scope_of(struct conn *c, char scope[STORE_SCOPE_LEN + 1])
 		snprintf(scope + 2 * k, 3, "%02x", md[k]);
 }
 
-static const char *key_source_name(enum key_source k)
-{
-	switch (k) {
-	case KEY_SRC_HEADER: return "header:";
-	case KEY_SRC_QUERY: return "query:";
-	case KEY_SRC_FORM: return "form:";
-	case KEY_SRC_JSON: return "json:";
-	case KEY_SRC_AUTO: return "auto";
-	case KEY_SRC_NONE: return "none";
-	}
-	return "";
-}
 
 /* The body is buffered: fingerprint it and hand the request to the engine. */
 static void start_claim(struct conn *c)
@@ -1427,7 +1414,7 @@ static void start_claim(struct conn *c)
 			break;
 		}
 		if (k < 0) {
-			if (key_unusable(c, k == KEYSRC_MISSING, true))
+			if (key_unusable(c, k == KEYSRC_MISSING))
 				return;
 			req.unprotected = true;	/* pass through, body and all */
 		}
@@ -1500,7 +1487,7 @@ static void buffer_body(struct conn *c)
  * require_key that is 400; otherwise the request goes through unprotected.
  * Returns true when the request was answered.
  */
-static bool key_unusable(struct conn *c, bool missing, bool buffered)
+static bool key_unusable(struct conn *c, bool missing)
 {
 	const struct policy *p = c->policy;
 	char detail[320];
@@ -1508,7 +1495,7 @@ static bool key_unusable(struct conn *c, bool missing, bool buffered)
 	if (!missing) {
 		snprintf(detail, sizeof(detail), "the key from %s%s is not 1-255 "
 			 "visible ASCII characters (with key_prefix), or the body "
-			 "cannot be parsed", key_source_name(p->key_source),
+			 "cannot be parsed", route_key_source_name(p->key_source),
 			 p->key_name ? p->key_name : "");
 		c->outcome = OUTCOME_INVALID_KEY;
 		respond_problem(c, PROBLEM_INVALID_KEY, detail, false);
@@ -1517,7 +1504,7 @@ static bool key_unusable(struct conn *c, bool missing, bool buffered)
 	if (!p->require_key)
 		return false;
 	snprintf(detail, sizeof(detail), "this request needs an idempotency key "
-		 "(%s%s)", key_source_name(p->key_source),
+		 "(%s%s)", route_key_source_name(p->key_source),
 		 p->key_name ? p->key_name : "");
 	c->outcome = OUTCOME_MISSING_KEY;
 	respond_problem(c, PROBLEM_MISSING_KEY, detail, false);
@@ -1553,7 +1540,7 @@ static void decide(struct conn *c)
 	case KEY_SRC_HEADER:
 		k = hdrlist_find(h, p->key_name, 0);
 		if (k < 0) {
-			if (!key_unusable(c, true, false))
+			if (!key_unusable(c, true))
 				conn_forward(c);	/* drop-in: legacy clients */
 			return;
 		}
@@ -1571,7 +1558,7 @@ static void decide(struct conn *c)
 	case KEY_SRC_QUERY:
 		k = keysrc_query(c->url, p->key_name, p->key_prefix, c->key);
 		if (k < 0) {
-			if (!key_unusable(c, k == KEYSRC_MISSING, false))
+			if (!key_unusable(c, k == KEYSRC_MISSING))
 				conn_forward(c);
 			return;
 		}
