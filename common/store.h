@@ -83,6 +83,9 @@ struct store_result {
 	/* STORE_COMPLETED: a reference handed to the callback, which must
 	 * take its own with stored_response_ref() to keep it */
 	struct stored_response *resp;
+	/* STORE_COMPLETED: how long the record still lives (0: unknown), so
+	 * that a cache in front can keep it no longer */
+	uint64_t ttl_left_ms;
 };
 
 typedef void (*store_cb)(void *arg, const struct store_result *res);

@@ -104,10 +104,12 @@ const char store_pg_claim_sql[] =
 	"       OR (k.state = 'in_flight' AND k.lease_until <= now()\n"
 	"           AND k.fingerprint = excluded.fingerprint)\n"
 	"  RETURNING 1)\n"
-	"SELECT 'won'::text, NULL::bytea, NULL::int, NULL::bytea, NULL::bytea\n"
+	"SELECT 'won'::text, NULL::bytea, NULL::int, NULL::bytea, NULL::bytea,\n"
+	"       NULL::bigint\n"
 	"  FROM ins\n"
 	"UNION ALL\n"
-	"SELECT k.state, k.fingerprint, k.status, k.headers, k.body\n"
+	"SELECT k.state, k.fingerprint, k.status, k.headers, k.body,\n"
+	"       greatest(0, extract(epoch FROM k.expires_at - now()) * 1000)::bigint\n"
 	"  FROM idempotency_keys k\n"
 	" WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM ins)";
 
@@ -499,6 +501,17 @@ static void conn_start(struct pg_conn *c)
 	}
 }
 
+/* Read a binary int8 column. */
+static uint64_t get_int8(const PGresult *r, int row, int col)
+{
+	const unsigned char *p = (const unsigned char *)PQgetvalue(r, row, col);
+	uint64_t v = 0;
+
+	for (int i = 0; i < 8; i++)
+		v = v << 8 | p[i];
+	return v;
+}
+
 /* Read a binary int4 column. */
 static int get_int4(const PGresult *r, int row, int col)
 {
@@ -551,6 +564,8 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 			PQgetvalue(r, 0, 3), (size_t)PQgetlength(r, 0, 3),
 			stored ? PQgetvalue(r, 0, 4) : "",
 			stored ? (size_t)PQgetlength(r, 0, 4) : 0, stored);
+		if (!PQgetisnull(r, 0, 5) && PQgetlength(r, 0, 5) == 8)
+			o->res.ttl_left_ms = get_int8(r, 0, 5);
 		op_finish(o, o->res.resp != NULL ? STORE_COMPLETED : STORE_ERROR);
 		return;
 	}

@@ -611,6 +611,10 @@ static void claim_post(struct redis_claim *o, enum store_status st)
 	event_active(o->ev, EV_TIMEOUT, 1);
 }
 
+static void cache_put(struct redis_store *rs, struct event_base *base,
+		      const struct store_key *k, const uint8_t fp[FP_LEN],
+		      const struct stored_response *resp, uint64_t ttl_ms);
+
 static void claim_inner_cb(void *arg, const struct store_result *res)
 {
 	struct redis_claim *o = arg;
@@ -618,6 +622,11 @@ static void claim_inner_cb(void *arg, const struct store_result *res)
 	o->inner = NULL;
 	if (res->status == STORE_WON)
 		fp_put(o->rs, res->owner, o->claim.fp, o->claim.ttl_ms);
+	/* read-through: a replay PostgreSQL served (Redis flushed, restarted,
+	 * or the record predates it) is cached for the record's remaining life */
+	if (res->status == STORE_COMPLETED && res->ttl_left_ms > 0)
+		cache_put(o->rs, o->base, &o->claim.key, o->claim.fp, res->resp,
+			  res->ttl_left_ms);
 	o->cb(o->arg, res);
 	claim_free(o);
 }
@@ -809,30 +818,33 @@ static void set_cb(redisAsyncContext *ac, void *r, void *priv)
 		rc->backoff_ms = BACKOFF_MIN_MS;
 }
 
-/* Cache a completed record; failures are counted, never reported. */
-static void write_through(struct redis_complete *o)
+/* Cache a completed record for ttl_ms; failures are counted, never
+ * reported. */
+static void cache_put(struct redis_store *rs, struct event_base *base,
+		      const struct store_key *k, const uint8_t fp[FP_LEN],
+		      const struct stored_response *resp, uint64_t ttl_ms)
 {
-	struct rconn *rc = rc_get(o->rs, o->base, true);
+	struct rconn *rc = rc_get(rs, base, true);
 	char key[KEY_MAX];
 	char *val;
 	size_t vlen;
 	int klen;
 
-	if (rc == NULL || rc->state != RC_UP || o->ttl_ms == 0)
+	if (rc == NULL || rc->state != RC_UP || ttl_ms == 0)
 		return;		/* down: the outage is counted already */
 	if (rc->pending >= MAX_PENDING) {
 		metrics_store_error(STORE_KIND_REDIS);
 		return;
 	}
-	val = store_redis_encode(o->fp, o->resp, &vlen);
+	val = store_redis_encode(fp, resp, &vlen);
 	if (val == NULL) {
 		metrics_store_error(STORE_KIND_REDIS);
 		return;
 	}
-	klen = make_key(&o->key, key);
+	klen = make_key(k, key);
 	if (redisAsyncCommand(rc->ac, set_cb, NULL, "SET %b %b PX %llu", key,
 			      (size_t)klen, val, vlen,
-			      (unsigned long long)o->ttl_ms) == REDIS_OK)
+			      (unsigned long long)ttl_ms) == REDIS_OK)
 		rc->pending++;
 	else
 		metrics_store_error(STORE_KIND_REDIS);
@@ -854,7 +866,7 @@ static void complete_inner_cb(void *arg, const struct store_result *res)
 	if (res->status == STORE_OK || res->status == STORE_FENCED)
 		fp_get(o->rs, o->owner, NULL, true);
 	if (res->status == STORE_OK && o->have_fp)
-		write_through(o);
+		cache_put(o->rs, o->base, &o->key, o->fp, o->resp, o->ttl_ms);
 	o->cb(o->arg, res);
 	complete_free(o);
 }
