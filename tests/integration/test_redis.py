@@ -261,3 +261,28 @@ def test_in_flight_duplicates_across_instances_with_redis(make_proxy, pg_db,
         c.send(kreq("POST", "/orders?delay_ms=300", key, ORDER))
         r = c.read_response()
     assert replayed(r) and r.body == rs[0].body
+
+
+def test_read_through_after_flush(make_proxy, pg_db, redis, stub):
+    """A replay PostgreSQL had to serve (Redis flushed) is cached again for
+    the record's remaining life: the next duplicate is a Redis hit, and is
+    served even with the PostgreSQL row gone."""
+    a = start(make_proxy, pg_db, redis, name="a")
+    warm(a)
+    key = newkey("rt")
+    first = post(a.port, key)
+    assert first.status == 200
+    assert wait_cached(redis, key) is not None
+    redis.cmd("FLUSHALL")
+    h0 = hits(a)
+    dup = post(a.port, key)                  # from PostgreSQL, cached again
+    assert replayed(dup) and dup.body == first.body
+    assert hits(a) == h0
+    assert wait_cached(redis, key) is not None
+    pttl = redis.cmd("PTTL", rkey(key))
+    assert 0 < pttl <= TTL_S * 1000, pttl
+    pg_db.psql(f"delete from idempotency_keys where key = '{key}'")
+    dup2 = post(a.port, key)                 # Redis alone
+    assert replayed(dup2) and dup2.body == first.body
+    assert hits(a) == h0 + 1
+    assert executions(stub) == 2             # the warm-up and the original
