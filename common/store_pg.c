@@ -210,6 +210,7 @@ struct pg_conn {
 	struct pg_op *op;
 	int backoff_ms;
 	bool listener;
+	bool used;			/* opened: pools grow on demand */
 	bool was_up;
 };
 
@@ -240,6 +241,8 @@ struct pg_store {
 static const struct store_ops pg_ops_table;
 static void conn_start(struct pg_conn *c);
 static void dispatch(struct pg_local *l);
+static void grow(struct pg_local *l);
+static int conn_init(struct pg_local *l, struct pg_conn *c, bool listener);
 
 /* ---- finding the calling thread's pool ----------------------------- */
 
@@ -339,7 +342,7 @@ static struct pg_op *op_new(struct pg_store *s, struct event_base *base,
 static bool may_serve(const struct pg_local *l)
 {
 	for (int i = 0; i < l->nconns; i++)
-		if (l->conns[i].state != PGC_DOWN)
+		if (l->conns[i].used && l->conns[i].state != PGC_DOWN)
 			return true;
 	return false;
 }
@@ -364,10 +367,11 @@ static struct store_op *op_submit(struct pg_op *o)
 
 static void set_up(struct pg_conn *c, bool up)
 {
-	struct pg_store *s = c->local->s;
+	struct pg_store *s;
 
 	if (c->was_up == up)
-		return;
+		return;		/* also: a slot never opened has no local */
+	s = c->local->s;
 	c->was_up = up;
 	if (c->listener)
 		return;
@@ -792,12 +796,39 @@ static void dispatch(struct pg_local *l)
 		evtimer_add(c->timer, &tv);
 		flush(c);
 	}
+	grow(l);
+}
+
+/*
+ * Work is waiting and every open connection is busy: open one more, up to
+ * conns_per_thread, one at a time. A quiet loop (the sweeper's) keeps one.
+ */
+static void grow(struct pg_local *l)
+{
+	int unused = -1;
+
+	if (TAILQ_EMPTY(&l->queue))
+		return;
+	for (int i = 0; i < l->nconns; i++) {
+		const struct pg_conn *c = &l->conns[i];
+
+		if (!c->used) {
+			if (unused < 0)
+				unused = i;
+		} else if (c->state == PGC_CONNECTING || c->state == PGC_SETUP ||
+			   c->state == PGC_IDLE) {
+			return;		/* one is coming or free already */
+		}
+	}
+	if (unused >= 0 && conn_init(l, &l->conns[unused], false) < 0)
+		log_error("postgres store: cannot set up a connection");
 }
 
 static int conn_init(struct pg_local *l, struct pg_conn *c, bool listener)
 {
 	c->local = l;
 	c->listener = listener;
+	c->used = true;
 	c->backoff_ms = PG_BACKOFF_MIN_MS;
 	c->timer = evtimer_new(l->base, timer_cb, c);
 	if (c->timer == NULL)
@@ -891,6 +922,9 @@ static struct store_op *pg_watch(struct store *st, struct event_base *base,
 
 	if (o == NULL)
 		return NULL;
+	if (!o->local->listen.used &&
+	    conn_init(o->local, &o->local->listen, true) < 0)
+		log_error("postgres store: cannot set up the listener");
 	o->where = OP_WATCHING;
 	TAILQ_INSERT_TAIL(&o->local->watchers, o, link);
 	event_add(o->ev, &tv);	/* the bounded poll */
@@ -962,11 +996,10 @@ static void pg_thread_init(struct store *st, struct event_base *base)
 	l->next = s->locals;
 	s->locals = l;
 	pthread_mutex_unlock(&s->mu);
-	for (int i = 0; i < l->nconns; i++)
-		if (conn_init(l, &l->conns[i], false) < 0)
-			log_error("postgres store: cannot set up a connection");
-	if (conn_init(l, &l->listen, true) < 0)
-		log_error("postgres store: cannot set up the listener");
+	/* one connection now (so that /readyz tells); more under load; the
+	 * listener when the first duplicate waits */
+	if (conn_init(l, &l->conns[0], false) < 0)
+		log_error("postgres store: cannot set up a connection");
 }
 
 static void local_free(struct pg_local *l)

@@ -1,0 +1,568 @@
+#!/usr/bin/env bash
+# tests/bench/keyed.sh - keyed-request benchmark (issues 3 and 4), in one run:
+#
+#  A. memory store: 1 KiB POST through idemproxy --store memory
+#       pass        no key (post1k.lua: request built once)
+#       pass-lua    no key, built per request by keyed_unique.lua
+#                   (KEYED_NOKEY=1): same wrk cost as the unique-key row
+#       unique      a new Idempotency-Key per request: claim, forward,
+#                   capture, complete (keyed_unique.lua)
+#       same        one key: the first request wins, every later one is a
+#                   replay with no upstream hop (keyed_same.lua)
+#     goals: same / pass >= 1.5x, unique / pass-lua >= 0.9x
+#  B. PostgreSQL 15 (private cluster, fsync on, synchronous_commit on)
+#       nginx       proxy_pass of the same POST (tests/bench/nginx.conf.in)
+#       pgbench     the exact claim + complete statements of a new key
+#                   (pgbench_claim.py, -M prepared), as many clients as wrk
+#                   has connections
+#       pg-unique   idemproxy --store postgres://..., unique keys
+#       pg-same     idemproxy --store postgres://..., one key (no Redis)
+#       pgr-same    idemproxy --store postgres://... --redis ..., one key
+#     goals: pg-unique >= 0.8x pgbench tps, pgr-same >= 1.0x nginx
+#
+# Not a test: prints figures and the goal checks; exits 0 unless something
+# broke (a run with errors, or requests that did not take the path the row
+# is about, is flagged in the output).
+#
+#   tests/bench/keyed.sh
+#   CONNS_LIST="8 32" REPEAT=3 DURATION=5s tests/bench/keyed.sh   # defaults
+#
+# Environment (defaults):
+#   CONNS_LIST="8 32"  wrk -c and pgbench -c, each measured
+#   WORKERS=1          idemproxy --workers, nginx worker_processes
+#   THREADS=1          wrk -t
+#   PGBENCH_JOBS=2     pgbench -j
+#   DURATION=5s        per measurement (wrk -d, pgbench -T)
+#   WARMUP=2s          one unmeasured run per target and concurrency
+#   REPEAT=3           measurements per target; median shown; targets are
+#                      interleaved in every round
+#   PG=1               0: part A only (no PostgreSQL, Redis, pgbench)
+#   MEMORY_MAX=6GiB    idemproxy --memory-max-bytes: unique keys stay in the
+#                      store for --ttl (24h); 256MiB would fill in seconds
+#   PG_BINDIR=/usr/lib/postgresql/15/bin  REDIS=redis-server
+#   IDEMPROXY_BIN, STUB_BIN, BUILD_DIR (default build-bench, release)
+#   NGINX=nginx WRK=wrk PYTHON=/usr/bin/python3
+#
+# Every row shows the CPU time per request of the proxy (idemproxy, nginx;
+# for pgbench: pgbench itself) and of the store (the PostgreSQL server and
+# its backends, plus redis-server), from /proc over the run.
+#
+# Everything listens on 127.0.0.1 on free ports; every process started here
+# is stopped by PID on exit, failure or Ctrl-C (PostgreSQL by pg_ctl, then
+# its postmaster PID).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+
+CONNS_LIST=${CONNS_LIST:-8 32}
+WORKERS=${WORKERS:-1}
+THREADS=${THREADS:-1}
+PGBENCH_JOBS=${PGBENCH_JOBS:-2}
+DURATION=${DURATION:-5s}
+WARMUP=${WARMUP:-2s}
+REPEAT=${REPEAT:-3}
+PG=${PG:-1}
+MEMORY_MAX=${MEMORY_MAX:-6GiB}
+PG_BINDIR=${PG_BINDIR:-/usr/lib/postgresql/15/bin}
+REDIS=${REDIS:-redis-server}
+BUILD_DIR=${BUILD_DIR:-$ROOT/build-bench}
+NGINX=${NGINX:-nginx}
+WRK=${WRK:-wrk}
+PYTHON=${PYTHON:-/usr/bin/python3}
+LEASE_MS=30000		# idemproxy's default --lease
+TTL_MS=86400000		# idemproxy's default --ttl
+
+die() { echo "keyed.sh: $*" >&2; exit 1; }
+note() { echo "# $*" >&2; }
+
+for tool in "$NGINX" "$WRK" "$PYTHON" curl; do
+	command -v "$tool" >/dev/null || die "$tool not found (deploy/install-deps.sh installs it)"
+done
+[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "REPEAT must be a positive integer"
+[[ $DURATION =~ ^[1-9][0-9]*s$ ]] || die "DURATION must be seconds, e.g. 5s"
+[[ $WARMUP =~ ^[1-9][0-9]*s$ ]] || die "WARMUP must be seconds, e.g. 2s"
+if [[ $PG == 1 ]]; then
+	for b in initdb pg_ctl pgbench psql; do
+		[[ -x $PG_BINDIR/$b ]] || die "$PG_BINDIR/$b missing (PostgreSQL 15)"
+	done
+	command -v "$REDIS" >/dev/null || die "$REDIS not found"
+	if [[ $(id -u) == 0 ]]; then
+		command -v runuser >/dev/null || die "runuser missing: PostgreSQL refuses root"
+		id postgres >/dev/null 2>&1 || die "no postgres user"
+	fi
+fi
+
+# ---- build --------------------------------------------------------------
+BIN_ORIGIN="given as IDEMPROXY_BIN"
+if [[ -z ${IDEMPROXY_BIN:-} ]]; then
+	BIN_ORIGIN=built
+	if [[ ! -f $BUILD_DIR/build.ninja ]]; then
+		note "configuring release build in $BUILD_DIR"
+		meson setup "$BUILD_DIR" "$ROOT" -Dbuildtype=release >/dev/null
+	fi
+	note "building $BUILD_DIR"
+	meson compile -C "$BUILD_DIR" >/dev/null
+	IDEMPROXY_BIN=$BUILD_DIR/proxy/idemproxy
+	STUB_BIN=${STUB_BIN:-$BUILD_DIR/tests/support/stub_upstream}
+fi
+STUB_BIN=${STUB_BIN:-$(dirname "$IDEMPROXY_BIN")/../tests/support/stub_upstream}
+[[ -x $IDEMPROXY_BIN ]] || die "no idemproxy binary at $IDEMPROXY_BIN"
+[[ -x $STUB_BIN ]] || die "no stub upstream at $STUB_BIN"
+
+# ---- processes --------------------------------------------------------------
+TMP=$(mktemp -d /tmp/ikb.XXXXXX)	# short: PostgreSQL's socket lives here
+chmod 711 "$TMP"			# the postgres user must reach $TMP/pg
+ulimit -Hn 65536 2>/dev/null || true	# nginx asks for 65536 (nginx.conf.in)
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+PIDS=()
+PG_DATA=""
+
+stop_pid() {
+	local pid=$1 i
+	kill -0 "$pid" 2>/dev/null || return 0
+	kill -TERM "$pid" 2>/dev/null || true
+	for i in $(seq 50); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -KILL "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+}
+
+AS_PG=()
+pg_stop() {
+	[[ -n $PG_DATA && -f $PG_DATA/postmaster.pid ]] || return 0
+	local pid
+	pid=$(head -n1 "$PG_DATA/postmaster.pid" 2>/dev/null || true)
+	(cd / && timeout 60 "${AS_PG[@]}" "$PG_BINDIR/pg_ctl" -D "$PG_DATA" -w -t 30 \
+		-m fast stop >/dev/null 2>&1) || true
+	if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+		kill -KILL "$pid" 2>/dev/null || true
+	fi
+}
+
+cleanup() {
+	local rc=$? i
+	trap - EXIT INT TERM
+	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+		stop_pid "${PIDS[i]}"
+	done
+	pg_stop
+	if [[ $rc -ne 0 && -d $TMP ]]; then
+		for f in "$TMP"/*.log "$TMP"/nginx/error.log; do
+			[[ -s $f ]] || continue
+			echo "---- $f (last lines)" >&2
+			tail -n 20 "$f" >&2
+		done
+	fi
+	rm -rf "$TMP"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+free_port() {
+	"$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_port() {	# wait_port PORT PID: until something accepts on PORT
+	local port=$1 pid=$2 i
+	for i in $(seq 100); do
+		kill -0 "$pid" 2>/dev/null || die "process $pid exited during start-up"
+		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	die "nothing listens on port $port after 10 s"
+}
+
+start_stub() {
+	"$STUB_BIN" --listen 127.0.0.1:0 >"$TMP/stub.out" 2>"$TMP/stub.log" &
+	STUB_PID=$!
+	PIDS+=("$STUB_PID")
+	local i
+	for i in $(seq 100); do
+		if grep -q '^listening ' "$TMP/stub.out" 2>/dev/null; then
+			STUB_PORT=$(sed -n 's/^listening .*:\([0-9]*\)$/\1/p' "$TMP/stub.out")
+			return 0
+		fi
+		kill -0 "$STUB_PID" 2>/dev/null || die "stub upstream exited"
+		sleep 0.1
+	done
+	die "stub upstream did not start"
+}
+
+# The same nginx as tests/bench/passthrough.sh (tests/bench/nginx.conf.in).
+start_nginx() {
+	NGINX_PORT=$(free_port)
+	mkdir -p "$TMP/nginx"
+	sed -e "s|@WORKERS@|$WORKERS|g" -e "s|@PREFIX@|$TMP/nginx|g" \
+	    -e "s|@UPSTREAM_PORT@|$STUB_PORT|g" -e "s|@PORT@|$NGINX_PORT|g" \
+	    "$HERE/nginx.conf.in" >"$TMP/nginx/nginx.conf"
+	"$NGINX" -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx" \
+		-e "$TMP/nginx/error.log" >"$TMP/nginx.log" 2>&1 &
+	NGINX_PID=$!
+	PIDS+=("$NGINX_PID")
+	wait_port "$NGINX_PORT" "$NGINX_PID"
+}
+
+declare -A PPORT APORT PPID_OF
+start_idemproxy() {	# start_idemproxy NAME [flags...]
+	local name=$1
+	shift
+	PPORT[$name]=$(free_port)
+	APORT[$name]=$(free_port)
+	"$IDEMPROXY_BIN" --upstream "http://127.0.0.1:$STUB_PORT" \
+		--listen "127.0.0.1:${PPORT[$name]}" \
+		--admin-listen "127.0.0.1:${APORT[$name]}" \
+		--workers "$WORKERS" --log-level warn --drain-timeout 1s "$@" \
+		>"$TMP/idemproxy-$name.log" 2>&1 &
+	PPID_OF[$name]=$!
+	PIDS+=("${PPID_OF[$name]}")
+	wait_port "${PPORT[$name]}" "${PPID_OF[$name]}"
+	local i
+	for i in $(seq 100); do	# /readyz: the store is up
+		[[ $(curl -s -o /dev/null -w '%{http_code}' \
+			"http://127.0.0.1:${APORT[$name]}/readyz") == 200 ]] && return 0
+		sleep 0.1
+	done
+	die "idemproxy $name not ready after 10 s"
+}
+
+pg_sh() { (cd / && "${AS_PG[@]}" "$@"); }
+psql_c() {	# psql_c DB SQL
+	"$PG_BINDIR/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$1" \
+		-v ON_ERROR_STOP=1 -Atqc "$2"
+}
+
+start_pg() {
+	PG_PORT=$(free_port)
+	mkdir -p "$TMP/pg" "$TMP/pg/d" "$TMP/pg/s"
+	if [[ $(id -u) == 0 ]]; then
+		chown -R postgres: "$TMP/pg"
+		AS_PG=(runuser -u postgres --)
+	fi
+	chmod 700 "$TMP/pg/d"
+	PG_DATA=$TMP/pg/d
+	pg_sh "$PG_BINDIR/initdb" -D "$PG_DATA" -U postgres -A trust -E UTF8 \
+		--no-instructions >"$TMP/initdb.log" 2>&1 || die "initdb failed: $(tail -5 "$TMP/initdb.log")"
+	# Durable defaults: fsync, synchronous_commit and full_page_writes stay
+	# ON. Bigger WAL and buffers than the 128MB/1GB defaults only keep a
+	# checkpoint out of a 5-minute benchmark, as a production server would.
+	cat >>"$PG_DATA/postgresql.conf" <<-EOF
+	port = $PG_PORT
+	listen_addresses = '127.0.0.1'
+	unix_socket_directories = '$TMP/pg/s'
+	max_connections = 300
+	shared_buffers = 512MB
+	max_wal_size = 8GB
+	checkpoint_timeout = 30min
+	log_min_messages = warning
+	EOF
+	pg_sh "$PG_BINDIR/pg_ctl" -D "$PG_DATA" -w -t 60 -l "$TMP/pg/pg.log" start \
+		>/dev/null || die "pg_ctl start failed: $(tail -5 "$TMP/pg/pg.log")"
+	PG_PID=$(head -n1 "$PG_DATA/postmaster.pid")
+	psql_c postgres "CREATE DATABASE bench" >/dev/null
+	psql_c postgres "CREATE DATABASE benchr" >/dev/null
+	PG_SETTINGS=$(psql_c postgres "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name)
+		FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit',
+		'full_page_writes', 'wal_sync_method', 'commit_delay')")
+	PG_SETTINGS+=" shared_buffers=$(psql_c postgres "SHOW shared_buffers")"
+	PG_VERSION=$(psql_c postgres "SHOW server_version")
+}
+
+start_redis() {
+	REDIS_PORT=$(free_port)
+	"$REDIS" --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+		--daemonize no --dir "$TMP" >"$TMP/redis.log" 2>&1 &
+	REDIS_PID=$!
+	PIDS+=("$REDIS_PID")
+	wait_port "$REDIS_PORT" "$REDIS_PID"
+}
+
+# CPU time (user + system) in clock ticks of PIDS; for the postmaster, also
+# its live children and the ones it reaped (cutime/cstime), so backends
+# that ended during the run (pgbench's) are counted.
+cpu_ticks() {
+	local sum=0 pid v c
+	for pid in "$@"; do
+		[[ -r /proc/$pid/stat ]] || continue
+		if [[ -n ${PG_PID:-} && $pid == "$PG_PID" ]]; then
+			v=$(sed 's/^.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 + $14 + $15 }')
+			for c in $(cat /proc/"$pid"/task/*/children 2>/dev/null); do
+				v=$((v + $(sed 's/^.*) //' "/proc/$c/stat" 2>/dev/null |
+					awk '{ print $12 + $13 }' || echo 0)))
+			done
+		else
+			v=$(sed 's/^.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')
+		fi
+		sum=$((sum + v))
+	done
+	echo "$sum"
+}
+
+metric() {	# metric NAME 'outcome="replayed"'-style label or ''
+	curl -s "http://127.0.0.1:${APORT[$1]}/metrics" | awk -v m="$2" '
+		index($0, m) == 1 { sub(/.* /, ""); s += $0 } END { print s + 0 }'
+}
+
+HZ=$(getconf CLK_TCK)
+
+# ---- one measurement ------------------------------------------------------
+# run_wrk URL DUR LUA "PROXY_PIDS" "STORE_PIDS" [VAR=VALUE...]:
+# prints "rps p50_ms p99_ms errors proxy_us store_us requests"
+run_wrk() {
+	local url=$1 dur=$2 lua=$3 ppids=$4 spids=$5 out p0 p1 s0 s1
+	shift 5
+	local args=(-t"$THREADS" -c"$CONNS" -d"$dur" --latency -s "$lua")
+	# shellcheck disable=SC2086
+	p0=$(cpu_ticks $ppids); s0=$(cpu_ticks $spids)
+	out=$(env "$@" timeout $((${dur%s} + 30)) "$WRK" "${args[@]}" "$url") ||
+		die "wrk failed against $url"
+	# shellcheck disable=SC2086
+	p1=$(cpu_ticks $ppids); s1=$(cpu_ticks $spids)
+	awk -v pt=$((p1 - p0)) -v st=$((s1 - s0)) -v hz="$HZ" '
+	function ms(v) {
+		if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000
+		if (v ~ /ms$/) return substr(v, 1, length(v) - 2) + 0
+		if (v ~ /m$/)  return substr(v, 1, length(v) - 1) * 60000
+		if (v ~ /s$/)  return substr(v, 1, length(v) - 1) * 1000
+		return v + 0
+	}
+	/^Requests\/sec:/ { rps = $2 }
+	/ requests in / { n = $1 }
+	/^ +50%/ { p50 = ms($2) }
+	/^ +99%/ { p99 = ms($2) }
+	/Non-2xx or 3xx responses:/ { err += $NF }
+	/Socket errors:/ {
+		for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) err += $i + 0
+	}
+	END { printf "%.0f %.3f %.3f %d %.2f %.2f %d\n", rps, p50, p99, err,
+		(n > 0 ? pt * 1e6 / hz / n : 0), (n > 0 ? st * 1e6 / hz / n : 0), n }
+	' <<<"$out"
+}
+
+# run_pgbench DUR: same output; latency percentiles from pgbench's
+# per-transaction log (-l), proxy CPU = pgbench itself.
+run_pgbench() {
+	local dur=${1%s} s0 s1 pid rc=0
+	rm -f "$TMP"/pgb.*
+	s0=$(cpu_ticks "$PG_PID")
+	"$PG_BINDIR/pgbench" -h 127.0.0.1 -p "$PG_PORT" -U postgres \
+		-n -M prepared -f "$TMP/claim.sql" -c "$CONNS" -j "$PGBENCH_JOBS" -T "$dur" \
+		-l --log-prefix="$TMP/pgb" \
+		-D scope=- -D "fp=\\x$FP_HEX" -D "lease=$LEASE_MS" -D "ttl=$TTL_MS" \
+		-D "status=$ST_STATUS" -D "headers=\\x$ST_HEADERS" -D "body=\\x$ST_BODY" \
+		bench >"$TMP/pgbench.out" 2>"$TMP/pgbench.log" &
+	pid=$!
+	# pgbench's own CPU: sampled just before it exits
+	local pt=0 v
+	while kill -0 "$pid" 2>/dev/null; do
+		v=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '{ print $12 + $13 }' || true)
+		[[ -n $v ]] && pt=$v
+		sleep 0.2
+	done
+	wait "$pid" || rc=$?
+	[[ $rc == 0 ]] || die "pgbench failed: $(tail -5 "$TMP/pgbench.log")"
+	s1=$(cpu_ticks "$PG_PID")
+	local n tps fails
+	n=$(awk '/^number of transactions actually processed:/ { print $NF }' "$TMP/pgbench.out")
+	tps=$(awk '/^tps = / { print $3; exit }' "$TMP/pgbench.out")
+	fails=$(awk '/^number of failed transactions:/ { print $5 }' "$TMP/pgbench.out")
+	cat "$TMP"/pgb.* | awk '{ print $3 }' | sort -n | awk -v n="$n" -v tps="$tps" \
+		-v f="${fails:-0}" -v pt="$pt" -v st=$((s1 - s0)) -v hz="$HZ" '
+		{ v[NR] = $1 }
+		END {
+			p50 = v[int(NR * 0.50) > 0 ? int(NR * 0.50) : 1] / 1000
+			p99 = v[int(NR * 0.99) > 0 ? int(NR * 0.99) : 1] / 1000
+			printf "%.0f %.3f %.3f %d %.2f %.2f %d\n", tps, p50, p99, f,
+				(n > 0 ? pt * 1e6 / hz / n : 0), (n > 0 ? st * 1e6 / hz / n : 0), n
+		}'
+}
+
+median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END {
+	if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# ---- machine facts --------------------------------------------------------------
+git_rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ -n $(git -C "$ROOT" status --porcelain -- proxy common 2>/dev/null) ]]; then
+	git_rev="$git_rev (proxy/ or common/ modified)"
+fi
+[[ $BIN_ORIGIN == built ]] || git_rev="n/a (binary given as IDEMPROXY_BIN)"
+echo "== idemproxy keyed-request benchmark"
+echo "command:   CONNS_LIST=\"$CONNS_LIST\" WORKERS=$WORKERS THREADS=$THREADS" \
+     "PGBENCH_JOBS=$PGBENCH_JOBS DURATION=$DURATION WARMUP=$WARMUP REPEAT=$REPEAT PG=$PG $0 $*"
+echo "date:      $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+echo "machine:   $(nproc) CPUs (shared by wrk/pgbench, the proxy, the stub, PostgreSQL, Redis)," \
+     "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)," \
+     "$(awk '/^MemTotal:/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo), Linux $(uname -r)"
+echo "disk:      $(df -T "$TMP" | awk 'NR == 2 { print $2, $1 }') ($TMP)"
+echo "idemproxy: $("$IDEMPROXY_BIN" --version 2>&1 | head -n1), git $git_rev, $IDEMPROXY_BIN"
+echo "nginx:     $("$NGINX" -v 2>&1 | sed 's/^nginx version: //'), wrk: $("$WRK" -v 2>&1 | head -n1 | awk '{ print $2 }')"
+
+start_stub
+start_nginx
+start_idemproxy mem --store memory --memory-max-bytes "$MEMORY_MAX"
+if [[ $PG == 1 ]]; then
+	start_pg
+	start_redis
+	echo "postgres:  $PG_VERSION, $PG_SETTINGS"
+	echo "redis:     $("$REDIS" --version | awk '{ print $3 }'), --save '' --appendonly no"
+	start_idemproxy pg --store "postgres://postgres@127.0.0.1:$PG_PORT/bench"
+	start_idemproxy pgr --store "postgres://postgres@127.0.0.1:$PG_PORT/benchr" \
+		--redis "redis://127.0.0.1:$REDIS_PORT"
+	# What idemproxy stores for this request (status, head, body), so that
+	# pgbench writes the same bytes; and the exact statements.
+	curl -s -o /dev/null -X POST -H 'Idempotency-Key: pgbench-sample' \
+		-H 'Content-Type: application/octet-stream' \
+		--data-binary "$(head -c 1024 /dev/zero | tr '\0' x)" \
+		"http://127.0.0.1:${PPORT[pg]}/" || die "sample request failed"
+	IFS="|" read -r ST_STATUS ST_HEADERS ST_BODY FP_HEX < <(psql_c bench "SELECT status,
+		encode(headers, 'hex'), encode(body, 'hex'), encode(fingerprint, 'hex')
+		FROM idempotency_keys WHERE key = 'pgbench-sample' AND state = 'completed'")
+	[[ -n ${ST_BODY:-} ]] || die "idemproxy stored no sample row"
+	"$PYTHON" "$HERE/pgbench_claim.py" "$ROOT/common/store_pg.c" >"$TMP/claim.sql"
+	echo "stored:    status $ST_STATUS, head $(( ${#ST_HEADERS} / 2 )) B, body $(( ${#ST_BODY} / 2 )) B per key (pgbench writes the same)"
+fi
+echo "load:      wrk -t$THREADS -c{$CONNS_LIST} --latency, pgbench -M prepared -j$PGBENCH_JOBS" \
+     "-c{$CONNS_LIST}, $DURATION each, median of $REPEAT, workers $WORKERS"
+echo
+
+# ---- targets -------------------------------------------------------------------
+# name | kind (wrk/pgbench) | url | lua | proxy pids | store pids | env | check
+NGINX_WORKERS=$(cat /proc/"$NGINX_PID"/task/*/children | tr '\n' ' ')
+TARGETS=(mem-pass mem-pass-lua mem-unique mem-same)
+[[ $PG == 1 ]] && TARGETS+=(nginx pgbench pg-unique pg-same pgr-same)
+declare -A T_URL T_LUA T_PP T_SP T_ENV T_SRV T_CHECK T_DESC
+def() { T_SRV[$1]=$2; T_LUA[$1]=$3; T_ENV[$1]=$4; T_CHECK[$1]=$5; T_DESC[$1]=$6; }
+def mem-pass     mem "$HERE/post1k.lua"       ""            passthrough "memory, no key (static request)"
+def mem-pass-lua mem "$HERE/keyed_unique.lua" KEYED_NOKEY=1 passthrough "memory, no key (per-request Lua)"
+def mem-unique   mem "$HERE/keyed_unique.lua" ""            forwarded   "memory, unique keys (all win)"
+def mem-same     mem "$HERE/keyed_same.lua"   "KEYED_KEY=same-mem-$RANDOM$RANDOM" replayed "memory, one key (replays)"
+if [[ $PG == 1 ]]; then
+	def nginx     nginx "$HERE/post1k.lua"       ""  "" "nginx proxy_pass, no key"
+	def pgbench   -     ""                       ""  "" "pgbench claim+complete"
+	def pg-unique pg    "$HERE/keyed_unique.lua" ""  forwarded "postgres, unique keys (all win)"
+	def pg-same   pg    "$HERE/keyed_same.lua"   "KEYED_KEY=same-pg-$RANDOM$RANDOM" replayed "postgres, one key (replays)"
+	def pgr-same  pgr   "$HERE/keyed_same.lua"   "KEYED_KEY=same-pgr-$RANDOM$RANDOM" redis "postgres+redis, one key (replays)"
+fi
+for t in "${TARGETS[@]}"; do
+	case ${T_SRV[$t]} in
+	nginx) T_URL[$t]="http://127.0.0.1:$NGINX_PORT/"; T_PP[$t]=$NGINX_WORKERS; T_SP[$t]="" ;;
+	-) ;;
+	*) T_URL[$t]="http://127.0.0.1:${PPORT[${T_SRV[$t]}]}/"; T_PP[$t]=${PPID_OF[${T_SRV[$t]}]}
+	   case ${T_SRV[$t]} in
+	   mem) T_SP[$t]="" ;;
+	   pg) T_SP[$t]="$PG_PID" ;;
+	   pgr) T_SP[$t]="$PG_PID $REDIS_PID" ;;
+	   esac ;;
+	esac
+done
+
+# share CHECK: the fraction of the run's requests that took the row's path,
+# from the idemproxy's /metrics (forwarded = won and executed, replayed,
+# redis = replayed from Redis without PostgreSQL)
+counter_of() {	# counter_of SRV CHECK
+	case $2 in
+	passthrough|forwarded|replayed) metric "$1" "idemproxy_requests_total{outcome=\"$2\"}" ;;
+	redis) metric "$1" "idemproxy_redis_hits_total" ;;
+	*) echo 0 ;;
+	esac
+}
+
+measure() {	# measure TARGET DUR: prints the result line plus the share
+	local t=$1 dur=$2 c0=0 c1=0 res share=-
+	if [[ $t == pgbench ]]; then
+		run_pgbench "$dur"
+		return
+	fi
+	[[ -n ${T_CHECK[$t]} ]] && c0=$(counter_of "${T_SRV[$t]}" "${T_CHECK[$t]}")
+	# shellcheck disable=SC2086
+	res=$(run_wrk "${T_URL[$t]}" "$dur" "${T_LUA[$t]}" "${T_PP[$t]}" "${T_SP[$t]}" ${T_ENV[$t]}) || exit 1
+	if [[ -n ${T_CHECK[$t]} ]]; then
+		c1=$(counter_of "${T_SRV[$t]}" "${T_CHECK[$t]}")
+		share=$(awk -v d=$((c1 - c0)) -v n="${res##* }" 'BEGIN { printf "%.4f", n > 0 ? d / n : 0 }')
+	fi
+	echo "$res $share"
+}
+
+declare -A RPS P50 P99 ERR PCPU SCPU SHARE
+for c in $CONNS_LIST; do
+	CONNS=$c
+	for t in "${TARGETS[@]}"; do
+		note "warm-up c=$c $t ($WARMUP)"
+		measure "$t" "$WARMUP" >/dev/null || exit 1
+	done
+done
+for ((r = 1; r <= REPEAT; r++)); do
+	for c in $CONNS_LIST; do
+		CONNS=$c
+		for t in "${TARGETS[@]}"; do
+			res=$(measure "$t" "$DURATION") || exit 1
+			read -r rps p50 p99 err pc sc n share <<<"$res"
+			[[ -n $rps && $rps != 0 ]] || die "no figures for $t"
+			note "run $r/$REPEAT c=$c $t: $rps req/s, p50 $p50 ms, p99 $p99 ms," \
+			     "errors $err, CPU proxy $pc / store $sc us/req, path share ${share:--}"
+			k=$c/$t
+			RPS[$k]+="$rps "; P50[$k]+="$p50 "; P99[$k]+="$p99 "
+			PCPU[$k]+="$pc "; SCPU[$k]+="$sc "
+			ERR[$k]=$(( ${ERR[$k]:-0} + err ))
+			[[ ${share:--} == - ]] || SHARE[$k]+="$share "
+		done
+	done
+done
+
+# ---- report -------------------------------------------------------------------
+declare -A M
+echo "== median of $REPEAT x $DURATION (wrk -t$THREADS; pgbench -j$PGBENCH_JOBS: req/s = tps," \
+     "one claim + one complete per transaction)"
+printf '%-4s %-13s %-35s %9s %8s %8s %9s %9s %6s %8s   %s\n' c target what "req/s" "p50 ms" "p99 ms" \
+	"proxy us" "store us" errors "path" "all runs req/s"
+for c in $CONNS_LIST; do
+	for t in "${TARGETS[@]}"; do
+		k=$c/$t
+		M[$k]=$(median <<<"${RPS[$k]% }")
+		path=-
+		[[ -n ${SHARE[$k]:-} ]] && path=$(awk -v s="${SHARE[$k]% }" 'BEGIN {
+			n = split(s, a, " "); m = 1; for (i = 1; i <= n; i++) if (a[i] < m) m = a[i]
+			printf "%.1f%%", m * 100 }')
+		printf '%-4s %-13s %-35s %9.0f %8.3f %8.3f %9.2f %9.2f %6d %8s   %s\n' "$c" "$t" "${T_DESC[$t]}" \
+			"${M[$k]}" "$(median <<<"${P50[$k]% }")" "$(median <<<"${P99[$k]% }")" \
+			"$(median <<<"${PCPU[$k]% }")" "$(median <<<"${SCPU[$k]% }")" \
+			"${ERR[$k]}" "$path" "${RPS[$k]% }"
+	done
+done
+echo "(proxy us: CPU per request of idemproxy / nginx workers / pgbench; store us: of the"
+echo " PostgreSQL server with its backends, plus redis-server; path: lowest share of a run's"
+echo " requests that took the row's path per /metrics: passthrough, forwarded after a won"
+echo " claim, replayed, or replayed from Redis)"
+echo
+
+goal() {	# goal LABEL NUM DEN MIN
+	awk -v l="$1" -v a="$2" -v b="$3" -v g="$4" 'BEGIN {
+		r = b > 0 ? a / b : 0
+		printf "  %-52s %6.2fx  goal >= %.1fx  %s\n", l, r, g,
+			(r >= g ? "MET" : sprintf("NOT MET (%.0f%% short)", (1 - r / g) * 100)) }'
+}
+echo "== goals"
+for c in $CONNS_LIST; do
+	echo "c=$c"
+	goal "memory: replays / pass-through (issue 3)" "${M[$c/mem-same]}" "${M[$c/mem-pass]}" 1.5
+	goal "memory: unique-key writes / pass-through, same Lua" "${M[$c/mem-unique]}" "${M[$c/mem-pass-lua]}" 0.9
+	goal "memory: unique-key writes / pass-through (static)" "${M[$c/mem-unique]}" "${M[$c/mem-pass]}" 0.9
+	if [[ $PG == 1 ]]; then
+		goal "postgres: unique-key writes / pgbench (issue 4)" "${M[$c/pg-unique]}" "${M[$c/pgbench]}" 0.8
+		goal "postgres+redis: replays / nginx pass-through" "${M[$c/pgr-same]}" "${M[$c/nginx]}" 1.0
+		goal "(info) idemproxy memory pass-through / nginx" "${M[$c/mem-pass]}" "${M[$c/nginx]}" 1.0
+	fi
+done
+if [[ $PG == 1 ]]; then
+	echo
+	echo "== PostgreSQL after the run"
+	echo "WAL:    $(psql_c postgres "SELECT pg_size_pretty(pg_current_wal_lsn() - '0/0'::pg_lsn)
+		|| ' written; ' || (SELECT sum(xact_commit) FROM pg_stat_database) || ' commits'")"
+	echo "bench:  $(psql_c bench "SELECT count(*) || ' rows, ' || pg_size_pretty(pg_total_relation_size('idempotency_keys')) FROM idempotency_keys")"
+fi
