@@ -1,15 +1,18 @@
 /*
  * idem.c - the idempotency engine (see idem.h).
  *
- *   idem_start ──▶ IDEM_ST_CLAIM ──WON──────────────▶ IDEM_ST_FORWARD
- *                    │ ▲    │ COMPLETED: replay          │ response done
- *        IN_FLIGHT   │ │    │ MISMATCH: 422              │ or failed
- *        (wait mode) ▼ │    │ IN_FLIGHT (reject): 409    ▼
- *                IDEM_ST_WAIT  store down: 503 or      IDEM_ST_SETTLE
- *                 settled: claim again;  fail-open     complete or release,
- *                 wait_timeout: 409      forward       retried with backoff
- *                                                         │
- *                                                         ▼ freed
+ *   idem_start ──▶ IDEM_ST_CLAIM ──WON──▶ (require_issued_key: IDEM_ST_CHECK
+ *                    │ ▲    │              marker found ─┐  not issued:
+ *                    │ │    │                            │  IDEM_ST_UNDO, 400)
+ *        IN_FLIGHT   │ │    │ COMPLETED: replay          ▼
+ *        (wait mode) ▼ │    │ MISMATCH: 422        IDEM_ST_FORWARD
+ *                IDEM_ST_WAIT  IN_FLIGHT (reject,        │ response done
+ *                 settled:     or wait_timeout): 409     │ or failed
+ *                 claim again  store down: 503 or        ▼
+ *                              fail-open forward   IDEM_ST_SETTLE
+ *                                                  complete or release,
+ *   no key to be had: IDEM_ST_PASS ──▶ forward     retried with back-off,
+ *                     (unprotected)                then sink->settled; freed
  *
  * The store decides every claim (PostgreSQL's single statement, or the
  * memory store's lock); the engine never checks then inserts. A winner's
