@@ -272,6 +272,9 @@ start_pg() {
 		'full_page_writes', 'wal_sync_method', 'commit_delay')")
 	PG_SETTINGS+=" shared_buffers=$(psql_c postgres "SHOW shared_buffers")"
 	PG_VERSION=$(psql_c postgres "SHOW server_version")
+	# what one commit's WAL flush costs on this disk (wal_sync_method)
+	FSYNC=$("$PG_BINDIR/pg_test_fsync" -s 1 -f "$TMP/pg/fsync.test" 2>/dev/null |
+		awk '/one 8kB write/ { s = 1 } s && $1 == "fdatasync" { print $(NF - 1), "us/op"; exit }')
 }
 
 start_redis() {
@@ -410,6 +413,7 @@ if [[ $PG == 1 ]]; then
 	start_pg
 	start_redis
 	echo "postgres:  $PG_VERSION, $PG_SETTINGS"
+	echo "           pg_test_fsync: one 8kB write + fdatasync ${FSYNC:-?} on this disk"
 	echo "redis:     $("$REDIS" --version | awk '{ print $3 }'), --save '' --appendonly no"
 	start_idemproxy pg --store "postgres://postgres@127.0.0.1:$PG_PORT/bench"
 	start_idemproxy pgr --store "postgres://postgres@127.0.0.1:$PG_PORT/benchr" \
@@ -484,7 +488,7 @@ measure() {	# measure TARGET DUR: prints the result line plus the share
 	res=$(run_wrk "${T_URL[$t]}" "$dur" "${T_LUA[$t]}" "${T_PP[$t]}" "${T_SP[$t]}" ${T_ENV[$t]}) || exit 1
 	if [[ -n ${T_CHECK[$t]} ]]; then
 		c1=$(counter_of "${T_SRV[$t]}" "${T_CHECK[$t]}")
-		share=$(awk -v d=$((c1 - c0)) -v n="${res##* }" 'BEGIN { printf "%.4f", n > 0 ? d / n : 0 }')
+		share=$(awk -v d=$((c1 - c0)) -v n="${res##* }" 'BEGIN { printf "%.4f", (n > 0 ? d / n : 0) }')
 	fi
 	echo "$res $share"
 }
