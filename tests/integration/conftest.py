@@ -54,6 +54,25 @@ def pytest_configure(config):
 
 # ---------------------------------------------------------------- helpers
 
+def send_together(conns, raw, timeout=30.0):
+    """Each of the connected RawConns sends `raw` at the same moment (a
+    barrier); returns their responses in order and closes them."""
+    import concurrent.futures as cf
+    barrier = threading.Barrier(len(conns))
+
+    def one(c):
+        barrier.wait(timeout)
+        c.send(raw)
+        return c.read_response()
+
+    try:
+        with cf.ThreadPoolExecutor(len(conns)) as ex:
+            return list(ex.map(one, conns))
+    finally:
+        for c in conns:
+            c.close()
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     s = socket.socket()

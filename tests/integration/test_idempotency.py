@@ -12,12 +12,12 @@ written once checks all three.
 """
 import concurrent.futures as cf
 import hashlib
-import threading
 import time
 import uuid
 
 import pytest
 
+from conftest import send_together
 from conftest import (RawConn, Stub, assert_problem, build_request, chunked,
                       free_port, metric_value, pattern_bytes, request,
                       upstream_echo, wait_readyz)
@@ -63,19 +63,7 @@ def burst(port, n, raw, timeout=30.0):
     """n connections send the same request bytes at once (a barrier after
     connecting); returns the n responses in connection order."""
     conns = [RawConn(port, timeout=timeout) for _ in range(n)]
-    barrier = threading.Barrier(n)
-
-    def one(c):
-        barrier.wait(timeout)
-        c.send(raw)
-        return c.read_response()
-
-    try:
-        with cf.ThreadPoolExecutor(n) as ex:
-            return list(ex.map(one, conns))
-    finally:
-        for c in conns:
-            c.close()
+    return send_together(conns, raw, timeout)
 
 
 def executions(stub):

@@ -36,11 +36,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 
 import pytest
 
+from conftest import send_together
 from conftest import (ROOT, RawConn, assert_problem, clean_env,
                       free_port, metric_value, proxy_kill, read_text,
                       upstream_echo, wait_readyz)
@@ -256,19 +256,7 @@ def npost(port, key, target="/orders", body=ORDER, headers=None,
 
 def nburst(port, n, raw, timeout=30.0):
     conns = [Client(port, timeout) for _ in range(n)]
-    barrier = threading.Barrier(n)
-
-    def one(c):
-        barrier.wait(timeout)
-        c.send(raw)
-        return c.read_response()
-
-    try:
-        with cf.ThreadPoolExecutor(n) as ex:
-            return list(ex.map(one, conns))
-    finally:
-        for c in conns:
-            c.close()
+    return send_together(conns, raw, timeout)
 
 
 def start_pair(spawn_proxy, pg_db, *flags, a_flags=(), b_flags=()):

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import send_together
 from conftest import (IDEMPROXY_BIN, RawConn, assert_problem, clean_env,
                       free_port, metric_value, proxy_kill, readyz, request,
                       upstream_echo, wait_readyz)
@@ -50,19 +51,7 @@ def burst_split(ports, n, raw, timeout=30.0):
     once (a barrier after connecting)."""
     conns = [RawConn(ports[i % len(ports)], timeout=timeout)
              for i in range(n)]
-    barrier = threading.Barrier(n)
-
-    def one(c):
-        barrier.wait(timeout)
-        c.send(raw)
-        return c.read_response()
-
-    try:
-        with cf.ThreadPoolExecutor(n) as ex:
-            return list(ex.map(one, conns))
-    finally:
-        for c in conns:
-            c.close()
+    return send_together(conns, raw, timeout)
 
 
 def migrate(url, timeout=60):
