@@ -73,13 +73,22 @@ def send_together(conns, raw, timeout=30.0):
             c.close()
 
 
+_ports_given = set()
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A TCP port on 127.0.0.1 that was free a moment ago, and never handed
+    out before in this run (the kernel may offer the same ephemeral port to
+    two calls in a row, e.g. --listen and --admin-listen of one proxy)."""
+    for _ in range(100):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
+    raise RuntimeError("no fresh free port")
 
 
 def clean_env(extra=None):
