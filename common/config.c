@@ -238,6 +238,16 @@ static const struct config_opt options[] = {
 	  .min = MIB, .max = (uint64_t)64 * 1024 * MIB,
 	  .help = "memory store: records and responses together; beyond, new "
 		  "keys get the store-down policy" },
+	{ .name = "store-connections", .type = OPT_INT,
+	  .off = F(store_connections), .def = "4", .metavar = "N", .min = 1,
+	  .max = 64, .flags = OPT_RESTART,
+	  .help = "PostgreSQL statement connections per worker, opened as load "
+		  "needs them (plus one listener per worker)" },
+	{ .name = "response-cache", .type = OPT_SIZE,
+	  .off = F(response_cache), .def = "64MiB", .metavar = "SIZE",
+	  .min = 0, .max = (uint64_t)64 * 1024 * MIB, .flags = OPT_RESTART,
+	  .help = "in-process cache of completed responses in front of "
+		  "PostgreSQL and Redis (0: off)" },
 };
 
 #define NOPTS (sizeof(options) / sizeof(options[0]))

@@ -91,6 +91,8 @@ struct config {
 	int max_connections;		/* per worker; accept pauses beyond */
 	uint64_t memory_max_bytes;	/* memory store bound */
 	uint64_t issued_key_ttl_ms;	/* GET /.well-known/idempotency-key */
+	int store_connections;		/* PostgreSQL statement conns per worker */
+	uint64_t response_cache;	/* bytes; 0: no in-process cache */
 
 	/* per-request policy: the global one, and [route NAME] sections in
 	 * file order (route.c) */

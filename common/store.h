@@ -104,6 +104,7 @@ struct store_ops {
 				  const struct store_claim *c, store_cb cb, void *arg);
 	struct store_op *(*complete)(struct store *s, struct event_base *base,
 				     const struct store_key *k, const char *owner,
+				     const uint8_t fp[FP_LEN],
 				     struct stored_response *resp, uint64_t ttl_ms,
 				     store_cb cb, void *arg);
 	struct store_op *(*release)(struct store *s, struct event_base *base,
@@ -147,14 +148,16 @@ static inline struct store_op *store_claim(struct store *s, struct event_base *b
 }
 
 /* Complete an in-flight record we own with resp (a reference is taken);
- * it expires ttl_ms from now. OK, FENCED or ERROR. */
+ * it expires ttl_ms from now. fp is the claim's fingerprint (for caches in
+ * front: the record they keep carries it). OK, FENCED or ERROR. */
 static inline struct store_op *store_complete(struct store *s, struct event_base *b,
 					      const struct store_key *k,
 					      const char *owner,
+					      const uint8_t fp[FP_LEN],
 					      struct stored_response *resp,
 					      uint64_t ttl_ms, store_cb cb, void *arg)
 {
-	return s->ops->complete(s, b, k, owner, resp, ttl_ms, cb, arg);
+	return s->ops->complete(s, b, k, owner, fp, resp, ttl_ms, cb, arg);
 }
 
 /* Delete an in-flight record we own, so that a retry can execute. */

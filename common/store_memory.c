@@ -324,6 +324,7 @@ static struct mem_entry **find_owned(struct mem_store *m, const struct store_key
 
 static struct store_op *mem_complete(struct store *s, struct event_base *base,
 				     const struct store_key *k, const char *owner,
+				     const uint8_t fp[FP_LEN],
 				     struct stored_response *resp, uint64_t ttl_ms,
 				     store_cb cb, void *arg)
 {

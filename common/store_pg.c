@@ -1,19 +1,40 @@
 /*
  * store_pg.c - PostgreSQL store (see store_pg.h).
  *
- *   thread_init ──▶ per-thread pool: N worker connections + 1 listener
+ *   thread_init ──▶ per-thread pool: up to N statement connections (grown
+ *                   on demand) + 1 listener
  *
  *   connection: DOWN ──start──▶ CONNECTING ──ok──▶ SETUP ──ok──▶ IDLE ⇄ BUSY
  *                 ▲  back-off      │ (PQconnectPoll)  (migrate,      (one
- *                 └────────────────┴── any failure ──  PREPARE)      statement)
+ *                 └────────────────┴── any failure ──  PREPARE)      batch)
  *
- * Operations wait in the thread's queue for an idle connection, run as one
- * prepared statement each (PQsendQueryPrepared, non-blocking, results read
- * as libpq makes them available), and report through an event on the
- * caller's loop. With no connection up, operations fail at once
- * (STORE_ERROR): the engine then applies --store-down. A statement that
- * takes longer than PG_OP_TIMEOUT_MS fails its operation and the connection
- * is reset (libpq 15 has no non-blocking cancel).
+ * Operations wait in the thread's queue for an idle connection. An idle
+ * connection takes everything queued (up to PG_BATCH_MAX) and sends it as
+ * one pipeline: a prepared statement per operation, then one Sync. The
+ * statements up to a Sync are one implicit transaction, so a batch costs
+ * one round trip and one commit (one WAL flush) however many keys it
+ * carries. Nothing waits to fill a batch: an operation submitted while a
+ * connection is idle goes out at once; batches only form from what queued
+ * while every connection was busy.
+ *
+ * Outcomes only after commit. A statement's result is held until the
+ * PGRES_PIPELINE_SYNC of its batch, i.e. until ReadyForQuery arrived after
+ * the commit; only then does it become an outcome. A connection lost, a
+ * statement timeout or an error before that point leaves the outcome
+ * unknown, and every operation is written so that sending it again is
+ * safe (same owner token: a claim finds its own row and is won again, a
+ * completion finds its own completed row). Unknown operations are re-sent
+ * until their deadline; an error in one statement rolls back its
+ * neighbours, which are re-sent, while the failing one is retried alone.
+ * docs/architecture.md "Outcomes only after commit" has the protocol.
+ *
+ * What is never lost: completions, releases and extensions, and claims
+ * already sent once, stay queued while no connection is up (and hasten
+ * the reconnection) until their deadline. A fresh claim with no connection
+ * up fails at once (STORE_ERROR: the engine applies --store-down). A claim
+ * whose caller gave up (cancelled, or the deadline passed) after it was
+ * sent, or that won after its caller left, is released in the background
+ * with its owner token until its lease would have ended anyway.
  *
  * Waiting: completion and release NOTIFY channel "idemproxy" with the
  * payload "<scope>:<key>"; each thread's listener connection wakes its
@@ -38,12 +59,15 @@
 #include "metrics.h"
 
 #define PG_POLL_MS 500
-#define PG_OP_TIMEOUT_MS 5000
+#define PG_OP_TIMEOUT_MS 5000	/* a batch on the wire; an operation's life */
 #define PG_CONNECT_TIMEOUT_MS 5000
 #define PG_BACKOFF_MIN_MS 100
 #define PG_BACKOFF_MAX_MS 5000
+#define PG_BACKOFF_PENDING_MS 250	/* reconnect this often while work waits */
 #define PG_SWEEP_BATCH 1000
-#define PG_CLAIM_RETRIES 5
+#define PG_CLAIM_RETRIES 5	/* the record changed under the statement */
+#define PG_STMT_ERRORS 3	/* a statement failing on its own */
+#define PG_BATCH_MAX 64		/* operations per pipeline */
 #define PG_LOCK_MIGRATE "7165310201"	/* advisory lock keys */
 #define PG_LOCK_SWEEP "7165310202"
 
@@ -84,53 +108,90 @@ const char store_pg_schema_sql[] =
 
 /*
  * $1 scope, $2 key, $3 fingerprint, $4 owner, $5 lease ms, $6 ttl ms.
- * One row: ('won') when the insert or the takeover happened; else the
- * existing record as it was when the statement started. No row: the record
- * changed under us (e.g. released meanwhile); claim again.
+ *
+ * Read first, write only when needed: a replay, an in-flight duplicate
+ * or a mismatch reads the row and nothing else (no lock, no transaction
+ * id, no WAL, no flush at commit). A new key is inserted; an expired
+ * record, or one whose lease ran out with the same fingerprint, is taken
+ * over. A row this owner already holds (an earlier attempt of this very
+ * claim committed, but its outcome was lost with the connection) is
+ * reported won again: a claim can be re-sent until its outcome is known.
+ *
+ * One row: ('won'), or the existing record as the statement's snapshot saw
+ * it. No row: the record changed under the statement (inserted or taken
+ * over meanwhile); claim again.
  */
 const char store_pg_claim_sql[] =
-	"WITH ins AS (\n"
-	"  INSERT INTO idempotency_keys AS k\n"
+	"WITH cur AS (\n"
+	"  SELECT k.state, k.fingerprint, k.status, k.headers, k.body, k.owner,\n"
+	"         k.expires_at <= now() AS expired,\n"
+	"         (k.state = 'in_flight' AND k.lease_until <= now()) AS lapsed,\n"
+	"         greatest(0, extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS ttl_left\n"
+	"    FROM idempotency_keys k\n"
+	"   WHERE k.scope = $1 AND k.key = $2),\n"
+	"ins AS (\n"
+	"  INSERT INTO idempotency_keys\n"
 	"    (scope, key, fingerprint, state, owner, lease_until, expires_at)\n"
-	"  VALUES ($1, $2, $3, 'in_flight', $4,\n"
-	"          now() + $5 * interval '1 millisecond',\n"
-	"          now() + greatest($5, $6) * interval '1 millisecond')\n"
-	"  ON CONFLICT (scope, key) DO UPDATE\n"
-	"    SET fingerprint = excluded.fingerprint, state = 'in_flight',\n"
-	"        owner = excluded.owner, lease_until = excluded.lease_until,\n"
-	"        status = NULL, headers = NULL, body = NULL, created_at = now(),\n"
-	"        expires_at = excluded.expires_at\n"
-	"    WHERE k.expires_at <= now()\n"
-	"       OR (k.state = 'in_flight' AND k.lease_until <= now()\n"
-	"           AND k.fingerprint = excluded.fingerprint)\n"
+	"  SELECT $1, $2, $3, 'in_flight', $4,\n"
+	"         now() + $5 * interval '1 millisecond',\n"
+	"         now() + greatest($5, $6) * interval '1 millisecond'\n"
+	"   WHERE NOT EXISTS (SELECT 1 FROM cur)\n"
+	"  ON CONFLICT (scope, key) DO NOTHING\n"
+	"  RETURNING 1),\n"
+	"tko AS (\n"
+	"  UPDATE idempotency_keys k\n"
+	"     SET fingerprint = $3, state = 'in_flight', owner = $4,\n"
+	"         lease_until = now() + $5 * interval '1 millisecond',\n"
+	"         status = NULL, headers = NULL, body = NULL, created_at = now(),\n"
+	"         expires_at = now() + greatest($5, $6) * interval '1 millisecond'\n"
+	"   WHERE k.scope = $1 AND k.key = $2\n"
+	"     AND EXISTS (SELECT 1 FROM cur WHERE cur.owner IS DISTINCT FROM $4\n"
+	"                   AND (cur.expired OR (cur.lapsed AND cur.fingerprint = $3)))\n"
+	"     AND k.owner IS DISTINCT FROM $4\n"
+	"     AND (k.expires_at <= now()\n"
+	"          OR (k.state = 'in_flight' AND k.lease_until <= now()\n"
+	"              AND k.fingerprint = $3))\n"
 	"  RETURNING 1)\n"
 	"SELECT 'won'::text, NULL::bytea, NULL::int, NULL::bytea, NULL::bytea,\n"
 	"       NULL::bigint\n"
 	"  FROM ins\n"
 	"UNION ALL\n"
-	"SELECT k.state, k.fingerprint, k.status, k.headers, k.body,\n"
-	"       greatest(0, extract(epoch FROM k.expires_at - now()) * 1000)::bigint\n"
-	"  FROM idempotency_keys k\n"
-	" WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM ins)";
+	"SELECT 'won', NULL, NULL, NULL, NULL, NULL FROM tko\n"
+	"UNION ALL\n"
+	"SELECT CASE WHEN cur.owner = $4 AND cur.state = 'in_flight'\n"
+	"            THEN 'won' ELSE cur.state END,\n"
+	"       cur.fingerprint, cur.status, cur.headers, cur.body, cur.ttl_left\n"
+	"  FROM cur\n"
+	" WHERE NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM tko)\n"
+	"   AND (cur.owner = $4 OR NOT (cur.expired OR (cur.lapsed AND cur.fingerprint = $3)))";
 
-/* $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
- * stored), $7 ttl ms. One row when completed, none when fenced. */
+/*
+ * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
+ * stored), $7 ttl ms. 'completed' (and a NOTIFY), 'again' when this owner
+ * had completed it already (a re-sent completion whose first attempt
+ * committed), no row when fenced. A completed row keeps its owner, which
+ * is what makes the re-send recognisable.
+ */
 const char store_pg_complete_sql[] =
 	"WITH u AS (\n"
 	"  UPDATE idempotency_keys\n"
 	"     SET state = 'completed', status = $4, headers = $5, body = $6,\n"
-	"         owner = NULL, lease_until = NULL,\n"
+	"         lease_until = NULL,\n"
 	"         expires_at = now() + $7 * interval '1 millisecond'\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
 	"  RETURNING 1)\n"
-	"SELECT pg_notify('idemproxy', $1 || ':' || $2) FROM u";
+	"SELECT 'completed'::text FROM u, pg_notify('idemproxy', $1 || ':' || $2)\n"
+	"UNION ALL\n"
+	"SELECT 'again' FROM idempotency_keys\n"
+	" WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'completed'\n"
+	"   AND NOT EXISTS (SELECT 1 FROM u)";
 
 static const char release_sql[] =
 	"WITH d AS (\n"
 	"  DELETE FROM idempotency_keys\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
 	"  RETURNING 1)\n"
-	"SELECT pg_notify('idemproxy', $1 || ':' || $2) FROM d";
+	"SELECT 'released'::text FROM d, pg_notify('idemproxy', $1 || ':' || $2)";
 
 static const char extend_sql[] =
 	"UPDATE idempotency_keys\n"
@@ -167,6 +228,15 @@ static const char *const stmt_names[] = {
 	[PG_SWEEP] = "idem_sweep",
 };
 
+/* Where an operation is; exactly one place at a time. */
+enum op_where {
+	OP_NEW,			/* being set up */
+	OP_QUEUED,		/* on local->queue; o->ev is its deadline */
+	OP_RUNNING,		/* in a connection's batch on the wire */
+	OP_WATCHING,		/* on local->watchers; o->ev is the poll */
+	OP_DELIVERING,		/* o->ev is active: the callback runs next */
+};
+
 struct pg_local;
 struct pg_op;
 TAILQ_HEAD(pg_ops, pg_op);
@@ -177,14 +247,18 @@ struct pg_op {
 	struct pg_local *local;
 	store_cb cb;			/* NULL: internal, or cancelled */
 	void *arg;
-	struct event *ev;		/* delivery; a waiter's poll timeout */
+	struct event *ev;		/* see enum op_where */
 	struct store_result res;
-	TAILQ_ENTRY(pg_op) link;	/* on local->queue or local->watchers */
-	enum {
-		OP_NEW, OP_QUEUED, OP_RUNNING, OP_WATCHING, OP_DELIVERING,
-	} where;
-	bool cancelled;
-	int attempts;
+	TAILQ_ENTRY(pg_op) link;	/* queue, watchers or a batch */
+	enum op_where where;
+	bool sent;			/* on the wire once: outcome may exist */
+	bool solo;			/* failed on its own: retry it alone */
+	int changed;			/* claims: record changed under us */
+	int errors;			/* its own statement failed */
+	uint64_t deadline_ms;		/* monotonic: give up after this */
+	/* this attempt, until its batch's Sync */
+	PGresult *result;
+	bool stmt_failed;
 
 	struct store_key key;
 	uint8_t fp[FP_LEN];
@@ -197,18 +271,21 @@ enum pgc_state {
 	PGC_DOWN,		/* waiting to reconnect (back-off timer) */
 	PGC_CONNECTING,		/* PQconnectPoll steps */
 	PGC_SETUP,		/* migration and PREPAREs (or LISTEN) */
-	PGC_IDLE,
-	PGC_BUSY,		/* one operation's statement */
+	PGC_IDLE,		/* statement connections: in pipeline mode */
+	PGC_BUSY,		/* one batch on the wire */
 };
 
 struct pg_conn {
 	struct pg_local *local;
 	PGconn *pg;
 	struct event *io;
-	struct event *timer;		/* back-off, or the statement deadline */
+	struct event *timer;		/* back-off, or the batch deadline */
 	enum pgc_state state;
-	struct pg_op *op;
+	struct pg_ops batch;		/* BUSY: the batch's operations, in order */
+	struct pg_op *reading;		/* whose result comes next; NULL: Sync */
+	bool batch_failed;		/* an error: the transaction rolled back */
 	int backoff_ms;
+	uint64_t retry_at;		/* DOWN: monotonic ms of the next attempt */
 	bool listener;
 	bool used;			/* opened: pools grow on demand */
 	bool was_up;
@@ -236,13 +313,30 @@ struct pg_store {
 	atomic_bool down_logged;
 	pthread_mutex_t mu;
 	struct pg_local *locals;
+	store_pg_notify_fn notify_fn;	/* every notification (a cache) */
+	void *notify_arg;
 };
 
-static const struct store_ops pg_ops_table;
 static void conn_start(struct pg_conn *c);
 static void dispatch(struct pg_local *l);
 static void grow(struct pg_local *l);
 static int conn_init(struct pg_local *l, struct pg_conn *c, bool listener);
+static void enqueue(struct pg_op *o, bool head);
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static struct timeval ms_tv(uint64_t ms)
+{
+	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+
+	return tv;
+}
 
 /* ---- finding the calling thread's pool ----------------------------- */
 
@@ -273,23 +367,49 @@ static struct pg_local *local_for(struct pg_store *s, struct event_base *base)
 
 /* ---- operations ---------------------------------------------------- */
 
+static void op_clear_attempt(struct pg_op *o)
+{
+	if (o->result != NULL) {
+		PQclear(o->result);
+		o->result = NULL;
+	}
+	o->stmt_failed = false;
+}
+
 static void op_free(struct pg_op *o)
 {
 	if (o->ev != NULL)
 		event_free(o->ev);
+	op_clear_attempt(o);
 	stored_response_unref(o->resp);
 	stored_response_unref(o->res.resp);
 	free(o);
 }
 
-static void deliver_cb(evutil_socket_t fd, short what, void *arg)
+static void give_up(struct pg_op *o);
+
+static void op_ev_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct pg_op *o = arg;
 
-	if (o->where == OP_WATCHING) {
+	switch (o->where) {
+	case OP_QUEUED:
+		/* its deadline passed before a connection could take it */
+		TAILQ_REMOVE(&o->local->queue, o, link);
+		o->where = OP_NEW;
+		give_up(o);
+		return;
+	case OP_WATCHING:
 		/* the poll timeout: claim again */
 		TAILQ_REMOVE(&o->local->watchers, o, link);
 		o->res.status = STORE_SETTLED;
+		break;
+	case OP_DELIVERING:
+		break;
+	case OP_NEW:
+	case OP_RUNNING:
+		log_error("postgres store: operation event in a wrong place");
+		return;
 	}
 	o->where = OP_DELIVERING;
 	if (o->cb != NULL)
@@ -305,8 +425,32 @@ static void op_finish(struct pg_op *o, enum store_status st)
 		op_free(o);	/* internal or cancelled: nobody to tell */
 		return;
 	}
+	event_del(o->ev);
 	o->where = OP_DELIVERING;
 	event_active(o->ev, EV_TIMEOUT, 1);
+}
+
+static struct pg_op *op_alloc(struct pg_local *l, enum pg_kind kind,
+			      const struct store_key *k, store_cb cb, void *arg)
+{
+	struct pg_op *o = calloc(1, sizeof(*o));
+
+	if (o == NULL)
+		return NULL;
+	o->op.store = &l->s->base;
+	o->kind = kind;
+	o->local = l;
+	o->cb = cb;
+	o->arg = arg;
+	if (k != NULL)
+		o->key = *k;
+	o->deadline_ms = now_ms() + PG_OP_TIMEOUT_MS;
+	o->ev = event_new(l->base, -1, 0, op_ev_cb, o);
+	if (o->ev == NULL) {
+		free(o);
+		return NULL;
+	}
+	return o;
 }
 
 static struct pg_op *op_new(struct pg_store *s, struct event_base *base,
@@ -314,28 +458,47 @@ static struct pg_op *op_new(struct pg_store *s, struct event_base *base,
 			    store_cb cb, void *arg)
 {
 	struct pg_local *l = local_for(s, base);
-	struct pg_op *o;
 
 	if (l == NULL) {
 		log_error("postgres store used on a loop it was not set up for");
 		return NULL;
 	}
-	o = calloc(1, sizeof(*o));
-	if (o == NULL)
-		return NULL;
-	o->op.store = &s->base;
-	o->kind = kind;
-	o->local = l;
-	o->cb = cb;
-	o->arg = arg;
-	if (k != NULL)
-		o->key = *k;
-	o->ev = event_new(base, -1, 0, deliver_cb, o);
-	if (o->ev == NULL) {
-		free(o);
-		return NULL;
+	return op_alloc(l, kind, k, cb, arg);
+}
+
+/*
+ * A claim that may have won but will not be executed (its caller left or
+ * gave up): delete it with its owner token in the background, for as long
+ * as its lease could hold the key. A no-op if it never committed.
+ */
+static void release_abandoned(struct pg_local *l, const struct store_key *k,
+			      const char *owner, uint64_t lease_ms)
+{
+	struct pg_op *o = op_alloc(l, PG_RELEASE, k, NULL, NULL);
+
+	if (o == NULL) {
+		log_error("key %s: out of memory; an abandoned claim stays until "
+			  "its lease ends", k->key);
+		return;
 	}
-	return o;
+	memcpy(o->owner, owner, sizeof(o->owner));
+	o->deadline_ms = now_ms() + lease_ms;
+	enqueue(o, false);
+}
+
+/*
+ * The operation's deadline passed with its outcome unknown or unsent:
+ * report STORE_ERROR; a claim that was sent is given back in the
+ * background (it may have committed: a phantom claim).
+ */
+static void give_up(struct pg_op *o)
+{
+	if (o->kind == PG_CLAIM && o->sent)
+		release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
+	if (o->kind == PG_SWEEP)
+		o->local->sweeping = false;
+	metrics_store_error(STORE_KIND_POSTGRES);
+	op_finish(o, STORE_ERROR);
 }
 
 /* Is any statement connection of l up, or on its way up? */
@@ -347,19 +510,57 @@ static bool may_serve(const struct pg_local *l)
 	return false;
 }
 
-/* Queue for a connection, or fail at once when none is up or coming up
- * (a connection on its way is bounded by PG_CONNECT_TIMEOUT_MS). */
-static struct store_op *op_submit(struct pg_op *o)
+/*
+ * Work waits and no connection is up: reconnect soon rather than after
+ * the full back-off, so that a pending outcome meets a PostgreSQL that
+ * came back at once.
+ */
+static void hasten(struct pg_local *l)
+{
+	uint64_t now = now_ms();
+
+	for (int i = 0; i < l->nconns; i++) {
+		struct pg_conn *c = &l->conns[i];
+		struct timeval tv = ms_tv(PG_BACKOFF_PENDING_MS);
+
+		if (!c->used || c->state != PGC_DOWN ||
+		    c->retry_at <= now + PG_BACKOFF_PENDING_MS)
+			continue;
+		c->retry_at = now + PG_BACKOFF_PENDING_MS;
+		evtimer_add(c->timer, &tv);
+	}
+}
+
+/*
+ * Put o on the queue (at the head for a retry, keeping its turn) with its
+ * deadline armed, and hand the queue to idle connections.
+ */
+static void enqueue(struct pg_op *o, bool head)
 {
 	struct pg_local *l = o->local;
+	uint64_t now = now_ms();
+	struct timeval tv = ms_tv(o->deadline_ms > now ? o->deadline_ms - now : 0);
 
-	if (!may_serve(l)) {
+	o->where = OP_QUEUED;
+	if (head)
+		TAILQ_INSERT_HEAD(&l->queue, o, link);
+	else
+		TAILQ_INSERT_TAIL(&l->queue, o, link);
+	event_add(o->ev, &tv);
+	if (!may_serve(l))
+		hasten(l);
+	dispatch(l);
+}
+
+/* Submit a new operation. A fresh claim with no connection up or coming
+ * up fails at once: nothing was sent, so "not claimed" is exact. */
+static struct store_op *op_submit(struct pg_op *o)
+{
+	if (o->kind == PG_CLAIM && !may_serve(o->local)) {
 		op_finish(o, STORE_ERROR);
 		return &o->op;
 	}
-	o->where = OP_QUEUED;
-	TAILQ_INSERT_TAIL(&l->queue, o, link);
-	dispatch(l);
+	enqueue(o, false);
 	return &o->op;
 }
 
@@ -385,15 +586,66 @@ static void set_up(struct pg_conn *c, bool up)
 	}
 }
 
+/*
+ * o's attempt is over without an outcome: rolled back (known: nothing
+ * happened) or unknown (it may have committed). Send it again while its
+ * deadline lasts. A cancelled claim that may hold the key is given back;
+ * other cancelled operations are dropped.
+ */
+static void retry_op(struct pg_op *o, bool unknown)
+{
+	op_clear_attempt(o);
+	o->where = OP_NEW;
+	if (o->kind == PG_SWEEP) {
+		o->local->sweeping = false;
+		op_free(o);	/* the next interval sweeps again */
+	} else if (o->cb == NULL && o->kind == PG_CLAIM) {
+		if (unknown || o->sent)
+			release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
+		op_free(o);
+	} else if (o->cb == NULL && o->kind != PG_RELEASE) {
+		op_free(o);	/* cancelled: nobody to tell */
+	} else if (o->errors >= PG_STMT_ERRORS || now_ms() >= o->deadline_ms) {
+		give_up(o);
+	} else {
+		enqueue(o, true);
+	}
+}
+
+/* Take the batch off c (so that c can take the next one at once). */
+static void batch_take(struct pg_conn *c, struct pg_ops *out)
+{
+	TAILQ_INIT(out);
+	TAILQ_CONCAT(out, &c->batch, link);
+	c->reading = NULL;
+}
+
+/* The batch's outcome is unknown (connection lost, timed out): every
+ * operation in it is sent again. */
+static void batch_unknown(struct pg_conn *c)
+{
+	struct pg_ops ops;
+	struct pg_op *o;
+
+	batch_take(c, &ops);
+	c->batch_failed = false;
+	while ((o = TAILQ_FIRST(&ops)) != NULL) {
+		TAILQ_REMOVE(&ops, o, link);
+		retry_op(o, true);
+	}
+}
+
 static void arm_io(struct pg_conn *c, short what);
 
-/* Fail the connection: report its operation, close, reconnect later. */
+/* Fail the connection: close, reconnect later; its batch's outcome is
+ * unknown. */
 static void conn_fail(struct pg_conn *c, const char *why)
 {
 	struct pg_local *l = c->local;
 	struct pg_store *s = l->s;
 	struct timeval tv;
-	struct pg_op *o;
+	struct pg_op *o, *next;
+	int delay;
 
 	if (c->pg != NULL && !atomic_exchange(&s->down_logged, true))
 		log_warn("postgres store: %s: %s", why,
@@ -410,22 +662,32 @@ static void conn_fail(struct pg_conn *c, const char *why)
 	}
 	set_up(c, false);
 	c->state = PGC_DOWN;
-	if ((o = c->op) != NULL) {
-		c->op = NULL;
-		op_finish(o, STORE_ERROR);
-	}
-	if (!may_serve(l)) {
-		/* nothing can serve the queue: fail fast, do not hang */
-		while ((o = TAILQ_FIRST(&l->queue)) != NULL) {
-			TAILQ_REMOVE(&l->queue, o, link);
-			op_finish(o, STORE_ERROR);
-		}
-	}
-	tv.tv_sec = c->backoff_ms / 1000;
-	tv.tv_usec = (c->backoff_ms % 1000) * 1000;
-	evtimer_add(c->timer, &tv);
+	delay = c->backoff_ms;
 	c->backoff_ms = c->backoff_ms * 2 > PG_BACKOFF_MAX_MS ?
 				PG_BACKOFF_MAX_MS : c->backoff_ms * 2;
+	if (!c->listener && !TAILQ_EMPTY(&c->batch)) {
+		batch_unknown(c);	/* may requeue: hasten sees the timer */
+		if (delay > PG_BACKOFF_PENDING_MS)
+			delay = PG_BACKOFF_PENDING_MS;
+	}
+	if (!c->listener && !may_serve(l)) {
+		/* nothing can serve the queue now: a fresh claim is refused
+		 * (never sent, so not claimed); everything else waits for a
+		 * connection until its deadline */
+		for (o = TAILQ_FIRST(&l->queue); o != NULL; o = next) {
+			next = TAILQ_NEXT(o, link);
+			if (o->kind != PG_CLAIM || o->sent)
+				continue;
+			TAILQ_REMOVE(&l->queue, o, link);
+			o->where = OP_NEW;
+			op_finish(o, STORE_ERROR);
+		}
+		if (!TAILQ_EMPTY(&l->queue) && delay > PG_BACKOFF_PENDING_MS)
+			delay = PG_BACKOFF_PENDING_MS;
+	}
+	c->retry_at = now_ms() + (uint64_t)delay;
+	tv = ms_tv((uint64_t)delay);
+	evtimer_add(c->timer, &tv);
 }
 
 static void io_cb(evutil_socket_t fd, short what, void *arg);
@@ -498,8 +760,7 @@ static void conn_start(struct pg_conn *c)
 	c->state = PGC_CONNECTING;
 	arm_io(c, EV_WRITE);
 	if (c->pg != NULL) {
-		struct timeval tv = { PG_CONNECT_TIMEOUT_MS / 1000,
-				      (PG_CONNECT_TIMEOUT_MS % 1000) * 1000 };
+		struct timeval tv = ms_tv(PG_CONNECT_TIMEOUT_MS);
 
 		evtimer_add(c->timer, &tv);	/* a black-holed server */
 	}
@@ -525,7 +786,7 @@ static int get_int4(const PGresult *r, int row, int col)
 	return (int)ntohl(v);
 }
 
-/* The claim statement's row: won, or the existing record. */
+/* A committed claim's row: won, or the existing record. */
 static void claim_result(struct pg_op *o, const PGresult *r)
 {
 	const char *state;
@@ -533,24 +794,22 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 
 	if (PQntuples(r) == 0) {
 		/* the record changed under the statement: claim again */
-		if (++o->attempts >= PG_CLAIM_RETRIES) {
+		if (++o->changed >= PG_CLAIM_RETRIES) {
 			op_finish(o, STORE_ERROR);
 			return;
 		}
-		o->where = OP_QUEUED;
-		TAILQ_INSERT_HEAD(&o->local->queue, o, link);
+		enqueue(o, true);
 		return;
 	}
 	state = PQgetvalue(r, 0, 0);
 	slen = PQgetlength(r, 0, 0);
 	if (slen == 3 && memcmp(state, "won", 3) == 0) {
 		memcpy(o->res.owner, o->owner, sizeof(o->owner));
-		if (o->cancelled) {
-			/* nobody will execute it: give the key back now rather
-			 * than leave it stuck for a lease */
-			o->kind = PG_RELEASE;
-			o->where = OP_QUEUED;
-			TAILQ_INSERT_HEAD(&o->local->queue, o, link);
+		if (o->cb == NULL) {
+			/* cancelled: nobody will execute it; give the key back
+			 * now rather than leave it stuck for a lease */
+			release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
+			op_free(o);
 			return;
 		}
 		op_finish(o, STORE_WON);
@@ -576,18 +835,11 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 	op_finish(o, STORE_IN_FLIGHT);
 }
 
-/* The statement of c->op produced this result. */
-static void op_result(struct pg_conn *c, struct pg_op *o, const PGresult *r)
+/* The batch of o committed: its statement's result is now its outcome. */
+static void op_committed(struct pg_op *o)
 {
-	ExecStatusType st = PQresultStatus(r);
+	const PGresult *r = o->result;
 
-	if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
-		log_warn("postgres store: %s: %s", stmt_names[o->kind],
-			 PQresultErrorMessage(r));
-		metrics_store_error(STORE_KIND_POSTGRES);
-		op_finish(o, STORE_ERROR);
-		return;
-	}
 	switch (o->kind) {
 	case PG_CLAIM:
 		claim_result(o, r);
@@ -617,6 +869,42 @@ static void op_result(struct pg_conn *c, struct pg_op *o, const PGresult *r)
 	op_finish(o, STORE_ERROR);
 }
 
+/*
+ * The batch's Sync arrived: the transaction is over. Committed: every
+ * result is an outcome. Rolled back (a statement or the commit failed):
+ * nothing happened. A statement that failed is retried alone, up to
+ * PG_STMT_ERRORS times; its neighbours are sent again as they were. A
+ * failed commit blames nobody in particular: every member of the batch is
+ * retried alone (a batch of one counts it as its error).
+ */
+static void batch_done(struct pg_conn *c)
+{
+	struct pg_ops ops;
+	struct pg_op *o;
+	bool failed = c->batch_failed, blamed = false;
+	int n = 0;
+
+	batch_take(c, &ops);
+	c->batch_failed = false;
+	TAILQ_FOREACH(o, &ops, link) {
+		blamed |= o->stmt_failed;
+		n++;
+	}
+	while ((o = TAILQ_FIRST(&ops)) != NULL) {
+		TAILQ_REMOVE(&ops, o, link);
+		o->where = OP_NEW;
+		if (!failed && o->result != NULL) {
+			op_committed(o);
+			continue;
+		}
+		if (o->stmt_failed || (!blamed && n == 1))
+			o->errors++;
+		if (o->stmt_failed || !blamed)
+			o->solo = true;
+		retry_op(o, false);
+	}
+}
+
 /* Wake the waiters of "<scope>:<key>". */
 static void notified(struct pg_local *l, const char *payload)
 {
@@ -626,6 +914,8 @@ static void notified(struct pg_local *l, const char *payload)
 
 	if (colon == NULL)
 		return;
+	if (l->s->notify_fn != NULL)
+		l->s->notify_fn(l->s->notify_arg, payload);
 	slen = (size_t)(colon - payload);
 	for (o = TAILQ_FIRST(&l->watchers); o != NULL; o = next) {
 		next = TAILQ_NEXT(o, link);
@@ -633,51 +923,110 @@ static void notified(struct pg_local *l, const char *payload)
 		    memcmp(o->key.scope, payload, slen) == 0 &&
 		    strcmp(o->key.key, colon + 1) == 0) {
 			TAILQ_REMOVE(&l->watchers, o, link);
-			event_del(o->ev);
 			op_finish(o, STORE_SETTLED);
 		}
 	}
 }
 
-/* Everything libpq has for us: results, notifications, the end of a
- * statement. */
+/* The setup batch (or the listener's LISTEN) answered. */
+static void setup_result(struct pg_conn *c, PGresult *r)
+{
+	struct pg_store *s = c->local->s;
+
+	if (r != NULL) {
+		ExecStatusType st = PQresultStatus(r);
+
+		PQclear(r);
+		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+			conn_fail(c, "setup failed");
+		return;
+	}
+	/* the setup is over: statement connections work in pipelines */
+	if (!c->listener && PQenterPipelineMode(c->pg) != 1) {
+		conn_fail(c, "cannot enter pipeline mode");
+		return;
+	}
+	c->backoff_ms = PG_BACKOFF_MIN_MS;
+	evtimer_del(c->timer);	/* the connect deadline */
+	set_up(c, true);
+	c->state = PGC_IDLE;
+	if (c->listener && s->notify_fn != NULL)
+		s->notify_fn(s->notify_arg, NULL);	/* may have missed some */
+}
+
+/* One result of the batch on the wire (NULL: the end of one statement's
+ * results). */
+static void batch_result(struct pg_conn *c, PGresult *r)
+{
+	struct pg_op *o = c->reading;
+
+	if (r == NULL) {
+		if (o != NULL && (o->result != NULL || o->stmt_failed))
+			c->reading = TAILQ_NEXT(o, link);
+		return;
+	}
+	switch (PQresultStatus(r)) {
+	case PGRES_PIPELINE_SYNC:
+		PQclear(r);
+		evtimer_del(c->timer);
+		c->state = PGC_IDLE;
+		batch_done(c);
+		return;
+	case PGRES_TUPLES_OK:
+	case PGRES_COMMAND_OK:
+		if (o != NULL && o->result == NULL && !o->stmt_failed) {
+			o->result = r;	/* held until the Sync */
+			return;
+		}
+		break;
+	case PGRES_PIPELINE_ABORTED:
+		/* skipped after an earlier error: sent again, not its fault */
+		if (o != NULL && o->result == NULL && !o->stmt_failed) {
+			PQclear(r);
+			c->reading = TAILQ_NEXT(o, link);
+			return;
+		}
+		break;
+	default:
+		/* an error: this statement's, or the commit's (after the last
+		 * statement); either way the transaction rolled back */
+		c->batch_failed = true;
+		if (o != NULL && o->result == NULL && !o->stmt_failed) {
+			o->stmt_failed = true;
+			log_warn("postgres store: %s: %s", stmt_names[o->kind],
+				 PQresultErrorMessage(r));
+		} else {
+			log_warn("postgres store: commit failed: %s",
+				 PQresultErrorMessage(r));
+		}
+		metrics_store_error(STORE_KIND_POSTGRES);
+		PQclear(r);
+		return;
+	}
+	c->batch_failed = true;
+	log_warn("postgres store: unexpected %s in a batch",
+		 PQresStatus(PQresultStatus(r)));
+	PQclear(r);
+}
+
+/* Everything libpq has for us: results, notifications. */
 static void drain_results(struct pg_conn *c)
 {
 	PGnotify *n;
+	int nulls = 0;
 
-	while (c->pg != NULL && !PQisBusy(c->pg)) {
+	while (c->pg != NULL && !PQisBusy(c->pg) &&
+	       (c->state == PGC_SETUP || c->state == PGC_BUSY)) {
 		PGresult *r = PQgetResult(c->pg);
 
-		if (r == NULL) {
-			/* the statement (or setup batch) is over */
-			if (c->state == PGC_SETUP) {
-				c->backoff_ms = PG_BACKOFF_MIN_MS;
-				evtimer_del(c->timer);	/* the connect deadline */
-				set_up(c, true);
-			}
-			if (c->state == PGC_BUSY)
-				evtimer_del(c->timer);
-			c->state = PGC_IDLE;
-			c->op = NULL;
-			break;
-		}
-		if (c->state == PGC_SETUP) {
-			ExecStatusType st = PQresultStatus(r);
-
-			PQclear(r);
-			if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-				conn_fail(c, "setup failed");
-				return;
-			}
-			continue;
-		}
-		if (c->state == PGC_BUSY && c->op != NULL) {
-			struct pg_op *o = c->op;
-
-			c->op = NULL;	/* a result per statement: the rest is drained */
-			op_result(c, o, r);
-		}
-		PQclear(r);
+		if (r == NULL && ++nulls > 1)
+			break;		/* nothing more for now */
+		if (r != NULL)
+			nulls = 0;
+		if (c->state == PGC_SETUP)
+			setup_result(c, r);
+		else
+			batch_result(c, r);
 	}
 	while (c->pg != NULL && (n = PQnotifies(c->pg)) != NULL) {
 		notified(c->local, n->extra);
@@ -721,7 +1070,8 @@ static void io_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-/* Text parameters except the binary ones (fingerprint, headers, body). */
+/* Queue o's statement in the pipeline. Text parameters except the binary
+ * ones (fingerprint, headers, body); results in binary. */
 static int send_op(struct pg_conn *c, struct pg_op *o)
 {
 	char lease[24], ttl[24], status[16], batch[16];
@@ -767,10 +1117,50 @@ static int send_op(struct pg_conn *c, struct pg_op *o)
 	case PG_WATCH:
 		return -1;
 	}
-	/* results in binary: bytea and int4 arrive as they are stored */
 	if (!PQsendQueryPrepared(c->pg, stmt_names[o->kind], n, v, len, fmt, 1))
 		return -1;
 	return 0;
+}
+
+/*
+ * Send one batch on idle connection c: what is queued, up to
+ * PG_BATCH_MAX operations; an operation to be retried alone (or a sweep)
+ * goes in a batch of its own.
+ */
+static void send_batch(struct pg_conn *c)
+{
+	struct pg_local *l = c->local;
+	struct timeval tv = ms_tv(PG_OP_TIMEOUT_MS);
+	struct pg_op *o;
+	int n = 0;
+
+	while ((o = TAILQ_FIRST(&l->queue)) != NULL && n < PG_BATCH_MAX) {
+		bool alone = o->solo || o->kind == PG_SWEEP;
+
+		if (n > 0 && alone)
+			break;
+		TAILQ_REMOVE(&l->queue, o, link);
+		event_del(o->ev);	/* the queue deadline */
+		op_clear_attempt(o);	/* a claim sent again keeps its last */
+		o->where = OP_RUNNING;
+		o->sent = true;
+		TAILQ_INSERT_TAIL(&c->batch, o, link);
+		n++;
+		if (send_op(c, o) < 0) {
+			conn_fail(c, "send failed");
+			return;
+		}
+		if (alone)
+			break;
+	}
+	if (PQpipelineSync(c->pg) != 1) {
+		conn_fail(c, "send failed");
+		return;
+	}
+	c->state = PGC_BUSY;
+	c->reading = TAILQ_FIRST(&c->batch);
+	evtimer_add(c->timer, &tv);
+	flush(c);
 }
 
 /* Give queued operations to idle connections. */
@@ -778,23 +1168,9 @@ static void dispatch(struct pg_local *l)
 {
 	for (int i = 0; i < l->nconns && !TAILQ_EMPTY(&l->queue); i++) {
 		struct pg_conn *c = &l->conns[i];
-		struct timeval tv = { PG_OP_TIMEOUT_MS / 1000,
-				      (PG_OP_TIMEOUT_MS % 1000) * 1000 };
-		struct pg_op *o;
 
-		if (c->state != PGC_IDLE)
-			continue;
-		o = TAILQ_FIRST(&l->queue);
-		TAILQ_REMOVE(&l->queue, o, link);
-		o->where = OP_RUNNING;
-		c->op = o;
-		c->state = PGC_BUSY;
-		if (send_op(c, o) < 0) {
-			conn_fail(c, "send failed");
-			continue;
-		}
-		evtimer_add(c->timer, &tv);
-		flush(c);
+		if (c->state == PGC_IDLE)
+			send_batch(c);
 	}
 	grow(l);
 }
@@ -830,6 +1206,7 @@ static int conn_init(struct pg_local *l, struct pg_conn *c, bool listener)
 	c->listener = listener;
 	c->used = true;
 	c->backoff_ms = PG_BACKOFF_MIN_MS;
+	TAILQ_INIT(&c->batch);
 	c->timer = evtimer_new(l->base, timer_cb, c);
 	if (c->timer == NULL)
 		return -1;
@@ -837,8 +1214,12 @@ static int conn_init(struct pg_local *l, struct pg_conn *c, bool listener)
 	return 0;
 }
 
+/* Thread shutdown: close; whatever is on the wire is dropped unanswered
+ * (its callers are gone: the worker aborted its engines first). */
 static void conn_close(struct pg_conn *c)
 {
+	struct pg_op *o;
+
 	if (c->io != NULL)
 		event_free(c->io);
 	if (c->timer != NULL)
@@ -846,8 +1227,12 @@ static void conn_close(struct pg_conn *c)
 	if (c->pg != NULL)
 		PQfinish(c->pg);
 	set_up(c, false);
-	if (c->op != NULL)
-		op_free(c->op);	/* cancelled, or nobody left to tell */
+	if (c->used) {
+		while ((o = TAILQ_FIRST(&c->batch)) != NULL) {
+			TAILQ_REMOVE(&c->batch, o, link);
+			op_free(o);
+		}
+	}
 	memset(c, 0, sizeof(*c));
 }
 
@@ -873,6 +1258,7 @@ static struct store_op *pg_claim(struct store *st, struct event_base *base,
 
 static struct store_op *pg_complete(struct store *st, struct event_base *base,
 				    const struct store_key *k, const char *owner,
+				    const uint8_t fp[FP_LEN],
 				    struct stored_response *resp, uint64_t ttl_ms,
 				    store_cb cb, void *arg)
 {
@@ -882,6 +1268,7 @@ static struct store_op *pg_complete(struct store *st, struct event_base *base,
 	if (o == NULL)
 		return NULL;
 	snprintf(o->owner, sizeof(o->owner), "%s", owner);
+	memcpy(o->fp, fp, FP_LEN);
 	o->resp = stored_response_ref(resp);
 	o->ttl_ms = ttl_ms;
 	return op_submit(o);
@@ -918,7 +1305,7 @@ static struct store_op *pg_watch(struct store *st, struct event_base *base,
 				 const struct store_key *k, store_cb cb, void *arg)
 {
 	struct pg_op *o = op_new((struct pg_store *)st, base, PG_WATCH, k, cb, arg);
-	struct timeval tv = { PG_POLL_MS / 1000, (PG_POLL_MS % 1000) * 1000 };
+	struct timeval tv = ms_tv(PG_POLL_MS);
 
 	if (o == NULL)
 		return NULL;
@@ -931,26 +1318,37 @@ static struct store_op *pg_watch(struct store *st, struct event_base *base,
 	return &o->op;
 }
 
+/*
+ * The caller withdraws. A claim that may hold the key - sent and its
+ * outcome not yet known, or won but not yet delivered - is given back
+ * rather than left in flight until its lease ends.
+ */
 static void pg_cancel(struct store_op *op)
 {
 	struct pg_op *o = (struct pg_op *)op;
 
 	switch (o->where) {
 	case OP_QUEUED:
+		TAILQ_REMOVE(&o->local->queue, o, link);
+		if (o->kind == PG_CLAIM && o->sent)
+			release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
+		op_free(o);
+		return;
 	case OP_WATCHING:
-		TAILQ_REMOVE(o->where == OP_QUEUED ? &o->local->queue :
-						     &o->local->watchers, o, link);
+		TAILQ_REMOVE(&o->local->watchers, o, link);
 		op_free(o);
 		return;
 	case OP_RUNNING:
-		/* the statement is on the wire: forget the caller; a claim
-		 * that wins anyway is released (claim_result) */
+		/* on the wire: forget the caller; its batch decides */
 		o->cb = NULL;
-		o->cancelled = true;
+		return;
+	case OP_DELIVERING:
+		if (o->kind == PG_CLAIM && o->res.status == STORE_WON)
+			release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
+		op_free(o);	/* event_free drops the pending activation */
 		return;
 	case OP_NEW:
-	case OP_DELIVERING:
-		op_free(o);	/* event_free drops a pending activation */
+		op_free(o);
 		return;
 	}
 }
@@ -997,9 +1395,12 @@ static void pg_thread_init(struct store *st, struct event_base *base)
 	s->locals = l;
 	pthread_mutex_unlock(&s->mu);
 	/* one connection now (so that /readyz tells); more under load; the
-	 * listener when the first duplicate waits */
+	 * listener when the first duplicate waits, or at once when every
+	 * notification is wanted (a cache to keep coherent) */
 	if (conn_init(l, &l->conns[0], false) < 0)
 		log_error("postgres store: cannot set up a connection");
+	if (s->notify_fn != NULL && conn_init(l, &l->listen, true) < 0)
+		log_error("postgres store: cannot set up the listener");
 }
 
 static void local_free(struct pg_local *l)
@@ -1072,6 +1473,14 @@ static const struct store_ops pg_ops_table = {
 	.free = pg_free,
 	.kind = STORE_KIND_POSTGRES,
 };
+
+void store_pg_on_notify(struct store *st, store_pg_notify_fn fn, void *arg)
+{
+	struct pg_store *s = (struct pg_store *)st;
+
+	s->notify_fn = fn;
+	s->notify_arg = arg;
+}
 
 struct store *store_pg_new(const char *conninfo, int conns_per_thread)
 {

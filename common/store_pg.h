@@ -19,8 +19,19 @@
 
 #define MUSTCHECK __attribute__((warn_unused_result))
 
-/* conninfo: a postgres:// URL or key=value string (libpq's). */
+/* conninfo: a postgres:// URL or key=value string (libpq's);
+ * conns_per_thread: statement connections per thread, opened on demand. */
 struct store *store_pg_new(const char *conninfo, int conns_per_thread);
+
+/*
+ * Called on the thread that received it for every notification on the
+ * "idemproxy" channel (payload "<scope>:<key>": the record was completed,
+ * released or purged), and with NULL whenever a listener (re)connects:
+ * notifications may have been missed. Set before any thread_init: each
+ * thread then LISTENs from the start.
+ */
+typedef void (*store_pg_notify_fn)(void *arg, const char *payload);
+void store_pg_on_notify(struct store *s, store_pg_notify_fn fn, void *arg);
 
 /*
  * Create or upgrade the schema with a blocking connection: for

@@ -71,19 +71,6 @@ enum redis_op_kind {
 	OP_COMPLETE,		/* struct redis_complete */
 };
 
-/*
- * The fingerprint of a claim we saw won, until its owner completes or
- * releases it: complete() is not given the fingerprint, and the cached
- * value must carry it. Entries left behind (an owner that never settles)
- * go at the record's expiry, in sweep().
- */
-struct fp_entry {
-	struct fp_entry *next;
-	char owner[STORE_OWNER_LEN + 1];
-	uint8_t fp[FP_LEN];
-	uint64_t expires_ms;		/* monotonic */
-};
-
 /* One Redis connection, used by one event_base (one thread). */
 struct rconn {
 	struct redis_store *rs;
@@ -111,9 +98,6 @@ struct redis_store {
 	pthread_key_t tl_key;		/* this thread's struct rconn list */
 	pthread_mutex_t mu;		/* conns */
 	LIST_HEAD(, rconn) conns;
-	pthread_mutex_t fp_mu;		/* the fp_* fields */
-	struct fp_entry **fp_buckets;
-	size_t fp_nbuckets, fp_count;
 };
 
 enum claim_state {
@@ -151,8 +135,6 @@ struct redis_complete {
 	struct redis_store *rs;
 	struct event_base *base;
 	struct store_key key;
-	char owner[STORE_OWNER_LEN + 1];
-	bool have_fp;			/* else no write-through */
 	uint8_t fp[FP_LEN];
 	struct stored_response *resp;	/* our reference */
 	uint64_t ttl_ms;
@@ -162,14 +144,6 @@ struct redis_complete {
 };
 
 static const struct store_ops redis_ops;
-
-static uint64_t monotonic_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* ---- the value format ---- */
 
@@ -476,125 +450,6 @@ bool store_redis_connected(struct store *s, struct event_base *base)
 	return rc != NULL && rc->state == RC_UP;
 }
 
-/* ---- fingerprints of won claims, by owner token ---- */
-
-#define FP_NBUCKETS_MIN 256
-
-/* Owner tokens are random hex: their first 16 digits are a fine hash. */
-static size_t fp_slot(const struct redis_store *rs, const char *owner)
-{
-	uint64_t h = 0;
-
-	for (int i = 0; i < 16 && owner[i] != '\0'; i++)
-		h = h << 4 | (uint64_t)(owner[i] <= '9' ? owner[i] - '0'
-							: (owner[i] | 0x20) - 'a' + 10);
-	return (size_t)(h & (rs->fp_nbuckets - 1));
-}
-
-/* Under fp_mu. */
-static struct fp_entry **fp_find(struct redis_store *rs, const char *owner)
-{
-	struct fp_entry **pp = &rs->fp_buckets[fp_slot(rs, owner)];
-
-	while (*pp != NULL && strcmp((*pp)->owner, owner) != 0)
-		pp = &(*pp)->next;
-	return pp;
-}
-
-/* Under fp_mu. */
-static void fp_grow(struct redis_store *rs)
-{
-	size_t n = rs->fp_nbuckets * 2, old = rs->fp_nbuckets;
-	struct fp_entry **b = calloc(n, sizeof(*b)), **ob = rs->fp_buckets;
-
-	if (b == NULL)
-		return;		/* longer chains, still correct */
-	rs->fp_buckets = b;
-	rs->fp_nbuckets = n;
-	for (size_t i = 0; i < old; i++) {
-		struct fp_entry *e = ob[i], *next;
-
-		for (; e != NULL; e = next) {
-			size_t j = fp_slot(rs, e->owner);
-
-			next = e->next;
-			e->next = b[j];
-			b[j] = e;
-		}
-	}
-	free(ob);
-}
-
-static void fp_put(struct redis_store *rs, const char *owner,
-		   const uint8_t fp[FP_LEN], uint64_t ttl_ms)
-{
-	struct fp_entry *e = malloc(sizeof(*e)), **pp;
-
-	if (e == NULL)
-		return;		/* this record will not be cached */
-	memcpy(e->owner, owner, sizeof(e->owner));
-	e->owner[STORE_OWNER_LEN] = '\0';
-	memcpy(e->fp, fp, FP_LEN);
-	e->expires_ms = monotonic_ms() + ttl_ms;
-	pthread_mutex_lock(&rs->fp_mu);
-	pp = fp_find(rs, e->owner);
-	if (*pp != NULL) {	/* cannot happen with random tokens */
-		struct fp_entry *old = *pp;
-
-		*pp = old->next;
-		free(old);
-		rs->fp_count--;
-	}
-	e->next = rs->fp_buckets[fp_slot(rs, e->owner)];
-	rs->fp_buckets[fp_slot(rs, e->owner)] = e;
-	if (++rs->fp_count > rs->fp_nbuckets)
-		fp_grow(rs);
-	pthread_mutex_unlock(&rs->fp_mu);
-}
-
-/* Copy owner's fingerprint into fp (and forget it, if take). */
-static bool fp_get(struct redis_store *rs, const char *owner, uint8_t fp[FP_LEN],
-		   bool take)
-{
-	struct fp_entry **pp, *e;
-	bool found = false;
-
-	pthread_mutex_lock(&rs->fp_mu);
-	pp = fp_find(rs, owner);
-	if ((e = *pp) != NULL) {
-		if (fp != NULL)
-			memcpy(fp, e->fp, FP_LEN);
-		found = true;
-		if (take) {
-			*pp = e->next;
-			free(e);
-			rs->fp_count--;
-		}
-	}
-	pthread_mutex_unlock(&rs->fp_mu);
-	return found;
-}
-
-/* Drop entries past their record's expiry (all of them, if now is 0). */
-static void fp_purge(struct redis_store *rs, uint64_t now)
-{
-	pthread_mutex_lock(&rs->fp_mu);
-	for (size_t i = 0; i < rs->fp_nbuckets; i++) {
-		struct fp_entry **pp = &rs->fp_buckets[i], *e;
-
-		while ((e = *pp) != NULL) {
-			if (now == 0 || e->expires_ms <= now) {
-				*pp = e->next;
-				free(e);
-				rs->fp_count--;
-			} else {
-				pp = &e->next;
-			}
-		}
-	}
-	pthread_mutex_unlock(&rs->fp_mu);
-}
-
 /* ---- claim ---- */
 
 static void claim_free(struct redis_claim *o)
@@ -620,8 +475,6 @@ static void claim_inner_cb(void *arg, const struct store_result *res)
 	struct redis_claim *o = arg;
 
 	o->inner = NULL;
-	if (res->status == STORE_WON)
-		fp_put(o->rs, res->owner, o->claim.fp, o->claim.ttl_ms);
 	/* read-through: a replay PostgreSQL served (Redis flushed, restarted,
 	 * or the record predates it) is cached for the record's remaining life */
 	if (res->status == STORE_COMPLETED && res->ttl_left_ms > 0)
@@ -725,7 +578,7 @@ static void get_cb(redisAsyncContext *ac, void *r, void *priv)
 
 /*
  * Every claim gets our handle, also when it goes straight to the inner
- * store: a win must be seen to remember its fingerprint for complete().
+ * store: a replay the inner store served is cached on its way back.
  */
 static struct store_op *redis_claim(struct store *s, struct event_base *base,
 				    const struct store_claim *c, store_cb cb,
@@ -862,10 +715,7 @@ static void complete_inner_cb(void *arg, const struct store_result *res)
 	struct redis_complete *o = arg;
 
 	o->inner = NULL;
-	/* settled either way: OK, or FENCED (no longer ours) */
-	if (res->status == STORE_OK || res->status == STORE_FENCED)
-		fp_get(o->rs, o->owner, NULL, true);
-	if (res->status == STORE_OK && o->have_fp)
+	if (res->status == STORE_OK)
 		cache_put(o->rs, o->base, &o->key, o->fp, o->resp, o->ttl_ms);
 	o->cb(o->arg, res);
 	complete_free(o);
@@ -873,6 +723,7 @@ static void complete_inner_cb(void *arg, const struct store_result *res)
 
 static struct store_op *redis_complete(struct store *s, struct event_base *base,
 				       const struct store_key *k, const char *owner,
+				       const uint8_t fp[FP_LEN],
 				       struct stored_response *resp,
 				       uint64_t ttl_ms, store_cb cb, void *arg)
 {
@@ -886,14 +737,12 @@ static struct store_op *redis_complete(struct store *s, struct event_base *base,
 	o->rs = rs;
 	o->base = base;
 	o->key = *k;
-	snprintf(o->owner, sizeof(o->owner), "%s", owner);
-	/* kept until settled: a completion retried after an error caches too */
-	o->have_fp = fp_get(rs, owner, o->fp, false);
+	memcpy(o->fp, fp, FP_LEN);
 	o->resp = stored_response_ref(resp);
 	o->ttl_ms = ttl_ms;
 	o->cb = cb;
 	o->arg = arg;
-	o->inner = store_complete(rs->inner, base, k, owner, resp, ttl_ms,
+	o->inner = store_complete(rs->inner, base, k, owner, fp, resp, ttl_ms,
 				  complete_inner_cb, o);
 	if (o->inner == NULL) {
 		complete_free(o);
@@ -910,7 +759,6 @@ static struct store_op *redis_release(struct store *s, struct event_base *base,
 {
 	struct redis_store *rs = (struct redis_store *)s;
 
-	fp_get(rs, owner, NULL, true);	/* a released record is not cached */
 	return store_release(rs->inner, base, k, owner, cb, arg);
 }
 
@@ -989,7 +837,6 @@ static void redis_sweep(struct store *s, struct event_base *base)
 	    resolve(rs))
 		log_info("redis %s:%d: resolved to %s", rs->host, rs->port,
 			 rs->addr);
-	fp_purge(rs, monotonic_ms());
 	store_sweep(rs->inner, base);
 }
 
@@ -1014,9 +861,6 @@ static void redis_free(struct store *s)
 		rc_free(rc);
 	}
 	pthread_key_delete(rs->tl_key);
-	fp_purge(rs, 0);
-	free(rs->fp_buckets);
-	pthread_mutex_destroy(&rs->fp_mu);
 	pthread_mutex_destroy(&rs->mu);
 	store_free(rs->inner);
 	free(rs);
@@ -1079,9 +923,7 @@ struct store *store_redis_new(struct store *inner, const char *host,
 	rs = calloc(1, sizeof(*rs));
 	if (rs == NULL)
 		goto oom;
-	rs->fp_nbuckets = FP_NBUCKETS_MIN;
-	rs->fp_buckets = calloc(rs->fp_nbuckets, sizeof(*rs->fp_buckets));
-	if (rs->fp_buckets == NULL || pthread_key_create(&rs->tl_key, tl_destroy) != 0)
+	if (pthread_key_create(&rs->tl_key, tl_destroy) != 0)
 		goto oom;
 	rs->base.ops = &redis_ops;
 	rs->inner = inner;
@@ -1091,7 +933,6 @@ struct store *store_redis_new(struct store *inner, const char *host,
 	atomic_init(&rs->resolved, false);
 	atomic_init(&rs->timeout_ms, STORE_REDIS_TIMEOUT_MS);
 	pthread_mutex_init(&rs->mu, NULL);
-	pthread_mutex_init(&rs->fp_mu, NULL);
 	LIST_INIT(&rs->conns);
 	if (!resolve(rs))
 		log_warn("redis %s:%d: cannot resolve the host yet; the fast path "
@@ -1099,8 +940,6 @@ struct store *store_redis_new(struct store *inner, const char *host,
 	return &rs->base;
 oom:
 	snprintf(err, errlen, "redis: out of memory");
-	if (rs != NULL)
-		free(rs->fp_buckets);
 	free(rs);
 fail:
 	store_free(inner);

@@ -38,9 +38,18 @@
 #include "httphdr.h"
 #include "log.h"
 
-/* Completion/release writes: attempts, and the first back-off (doubles). */
-#define SETTLE_ATTEMPTS 6
+/*
+ * Completion/release writes and lease extensions that fail are retried
+ * with a doubling back-off (first, cap) for as long as the lease lasts,
+ * less a margin (the smaller of LEASE_MARGIN_MS and a tenth of the lease)
+ * so that a write never races a takeover. The store itself holds each
+ * attempt until a connection is up (or its own deadline), so a retry is
+ * not spent against a dead pool.
+ */
 #define SETTLE_BACKOFF_MS 100
+#define EXTEND_BACKOFF_MS 250
+#define RETRY_BACKOFF_MAX_MS 2000
+#define LEASE_MARGIN_MS 1000
 
 enum idem_state {
 	IDEM_ST_CLAIM,		/* a claim is with the store */
@@ -72,7 +81,11 @@ struct idem {
 	bool retried;			/* sent again after a stale connection */
 	char owner[STORE_OWNER_LEN + 1];
 	char marker_owner[STORE_OWNER_LEN + 1];	/* a marker we created */
-	int attempts;
+	int attempts;			/* failed settle writes */
+	int ext_failures;		/* failed extensions in a row */
+	uint64_t claim_sent_ms;		/* monotonic: the last claim call */
+	uint64_t ext_sent_ms;		/* monotonic: the extension on the wire */
+	uint64_t lease_end_ms;		/* monotonic: our lease ends (at least) */
 	enum problem undo_problem;	/* what UNDO answers */
 	const char *undo_detail;
 	enum outcome undo_outcome;
@@ -100,6 +113,36 @@ static double seconds_since(const struct timespec *t0)
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	return (double)(now.tv_sec - t0->tv_sec) +
 	       (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The n-th retry's back-off (n >= 1): first, doubling, capped. */
+static uint64_t backoff_ms(uint64_t first, int n)
+{
+	uint64_t ms = first;
+
+	while (--n > 0 && ms < RETRY_BACKOFF_MAX_MS)
+		ms *= 2;
+	return ms < RETRY_BACKOFF_MAX_MS ? ms : RETRY_BACKOFF_MAX_MS;
+}
+
+/* Can a write issued ms from now still land while our lease holds? The
+ * lease is counted from when the claim or extension was sent, so the
+ * server's lease_until is at least lease_end_ms. */
+static bool lease_allows(const struct idem *ix, uint64_t ms)
+{
+	uint64_t margin = ix->req.claim.lease_ms / 10;
+
+	if (margin > LEASE_MARGIN_MS)
+		margin = LEASE_MARGIN_MS;
+	return now_ms() + ms + margin < ix->lease_end_ms;
 }
 
 static void arm_timer(struct idem *ix, uint64_t ms)
@@ -305,18 +348,42 @@ static const struct upstream_cbs up_cbs = {
 	.on_drain = NULL,
 };
 
+/*
+ * An extension answered. OK: the lease runs from when it was sent, next
+ * one at half a lease. An error is retried soon (not half a lease later,
+ * which is about when the lease runs out), while the lease lasts.
+ */
 static void on_extended(void *arg, const struct store_result *res)
 {
 	struct idem *ix = arg;
+	uint64_t wait;
 
 	ix->ext_op = NULL;
-	if (res->status == STORE_FENCED)
+	switch (res->status) {
+	case STORE_OK:
+		ix->ext_failures = 0;
+		ix->lease_end_ms = ix->ext_sent_ms + ix->req.claim.lease_ms;
+		if (ix->state == IDEM_ST_FORWARD)
+			arm_timer(ix, ix->req.claim.lease_ms / 2);
+		return;
+	case STORE_FENCED:
 		log_warn("key %s: lease lost to another request while executing",
 			 ix->req.claim.key.key);
-	else if (res->status == STORE_ERROR)
+		return;
+	default:
 		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
-	if (ix->state == IDEM_ST_FORWARD)
-		arm_timer(ix, ix->req.claim.lease_ms / 2);
+		wait = backoff_ms(EXTEND_BACKOFF_MS, ++ix->ext_failures);
+		if (ix->state != IDEM_ST_FORWARD)
+			return;
+		if (lease_allows(ix, wait)) {
+			arm_timer(ix, wait);
+			return;
+		}
+		log_error("key %s: the lease could not be extended (store %s); "
+			  "another request may take the key over",
+			  ix->req.claim.key.key, store_status_name(res->status));
+		return;
+	}
 }
 
 /* Forward the buffered request: as the key's owner, or unprotected. */
@@ -376,13 +443,23 @@ static struct stored_response *problem_response(enum upstream_error err)
 				   body, len, true);
 }
 
+/*
+ * The completion or release answered. An error is retried with back-off
+ * for as long as the lease lasts; the client connection is let go at the
+ * first error (its next request does not wait for an outage), and the
+ * engine finishes the write as an orphan.
+ */
 static void on_settled(void *arg, const struct store_result *res)
 {
 	struct idem *ix = arg;
+	uint64_t wait;
 
 	ix->op = NULL;
 	switch (res->status) {
 	case STORE_OK:
+		if (ix->attempts > 0)
+			log_info("key %s: outcome written after %d failed "
+				 "attempt(s)", ix->req.claim.key.key, ix->attempts);
 		break;
 	case STORE_FENCED:
 		log_warn("key %s: not ours any more (lease taken over); outcome "
@@ -390,15 +467,24 @@ static void on_settled(void *arg, const struct store_result *res)
 		break;
 	default:
 		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
-		if (++ix->attempts < SETTLE_ATTEMPTS) {
+		wait = backoff_ms(SETTLE_BACKOFF_MS, ++ix->attempts);
+		if (lease_allows(ix, wait)) {
 			metrics_count(COUNTER_completion_retries_total);
-			arm_timer(ix, (uint64_t)SETTLE_BACKOFF_MS << (ix->attempts - 1));
+			if (ix->attempts == 1)
+				log_warn("key %s: could not write the outcome (%s); "
+					 "retrying while the lease lasts",
+					 ix->req.claim.key.key,
+					 store_status_name(res->status));
+			settled(ix);
+			let_go(ix);
+			arm_timer(ix, wait);
 			return;
 		}
 		metrics_count(COUNTER_completion_failures_total);
-		log_error("key %s: could not write the outcome (%s); the key "
-			  "stays in flight until its lease runs out",
-			  ix->req.claim.key.key, store_status_name(res->status));
+		log_error("key %s: could not write the outcome (%s) before the "
+			  "lease ran out; the key stays in flight until then and "
+			  "may execute again", ix->req.claim.key.key,
+			  store_status_name(res->status));
 		break;
 	}
 	settled(ix);
@@ -411,7 +497,7 @@ static void write_settlement(struct idem *ix)
 
 	if (ix->outcome != NULL)
 		ix->op = store_complete(s, ix->env->base, &ix->req.claim.key,
-					ix->owner, ix->outcome, ix->req.claim.ttl_ms,
+					ix->owner, ix->req.claim.fp, ix->outcome, ix->req.claim.ttl_ms,
 					on_settled, ix);
 	else
 		ix->op = store_release(s, ix->env->base, &ix->req.claim.key,
@@ -577,6 +663,7 @@ static void on_claim(void *arg, const struct store_result *res)
 	switch (res->status) {
 	case STORE_WON:
 		ix->owns = true;
+		ix->lease_end_ms = ix->claim_sent_ms + ix->req.claim.lease_ms;
 		memcpy(ix->owner, res->owner, sizeof(ix->owner));
 		metrics_gauge_add(GAUGE_in_flight, 1);
 		evtimer_del(ix->timer);
@@ -647,6 +734,7 @@ static void on_claim(void *arg, const struct store_result *res)
 static void claim(struct idem *ix)
 {
 	ix->state = IDEM_ST_CLAIM;
+	ix->claim_sent_ms = now_ms();
 	ix->op = store_claim(ix->env->store, ix->env->base, &ix->req.claim,
 			     on_claim, ix);
 	if (ix->op == NULL)
@@ -665,6 +753,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 			       OUTCOME_CONFLICT);
 		return;
 	case IDEM_ST_FORWARD:
+		ix->ext_sent_ms = now_ms();
 		if (ix->owns && ix->ext_op == NULL)
 			ix->ext_op = store_extend(ix->env->store, ix->env->base,
 						  &ix->req.claim.key, ix->owner,
@@ -709,6 +798,7 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 		ix->state = IDEM_ST_PASS;
 		arm_timer(ix, 0);
 	} else {
+		ix->claim_sent_ms = now_ms();
 		ix->op = store_claim(env->store, env->base, &ix->req.claim,
 				     on_claim, ix);
 		if (ix->op == NULL)
@@ -733,9 +823,10 @@ fail:
 
 void idem_detach(struct idem *ix)
 {
-	let_go(ix);
+	/* before let_go(), which may free ix */
 	if (ix->state == IDEM_ST_FORWARD && ix->up != NULL)
 		upstream_pause_read(ix->up, false);	/* nobody to wait for */
+	let_go(ix);
 }
 
 void idem_resume(struct idem *ix)

@@ -32,7 +32,6 @@
 
 #define LISTEN_BACKLOG 1024
 /* PostgreSQL connections per worker loop (plus one for LISTEN). */
-#define PG_CONNS_PER_WORKER 4
 
 extern char **environ;
 
@@ -221,7 +220,7 @@ static int run(struct daemon *d)
 	if (strcmp(cfg->store, "memory") == 0)
 		d->store = store_memory_new(cfg->memory_max_bytes, NULL);
 	else
-		d->store = store_pg_new(cfg->store, PG_CONNS_PER_WORKER);
+		d->store = store_pg_new(cfg->store, cfg->store_connections);
 	if (d->store != NULL && cfg->redis != NULL) {
 		/* the fast path in front of PostgreSQL; takes the inner store */
 		d->store = store_redis_new(d->store, cfg->redis_hp.host,

@@ -172,6 +172,9 @@ static enum store_status op_status(struct store *s, struct event_base *b,
 	return last_status;
 }
 
+/* The memory store keeps the claim's fingerprint itself. */
+static const uint8_t nofp[FP_LEN];
+
 struct settle_ctx {
 	const char *key;
 	const char *owner;
@@ -185,7 +188,7 @@ static struct store_op *start_complete(struct store *s, struct event_base *b,
 	struct settle_ctx *x = ctx;
 	struct store_key k = mkkey("", x->key);
 
-	return store_complete(s, b, &k, x->owner, x->resp, x->ms, on_status, calls);
+	return store_complete(s, b, &k, x->owner, nofp, x->resp, x->ms, on_status, calls);
 }
 
 static struct store_op *start_release(struct store *s, struct event_base *b,
@@ -516,7 +519,7 @@ static void test_sweep(void)
 			struct store_key k = mkkey("", key);
 			struct res cr = { 0 };
 
-			(void)store_complete(s, b, &k, r.owner, resp,
+			(void)store_complete(s, b, &k, r.owner, nofp, resp,
 					     i % 2 ? 100000 : 2000, on_result, &cr);
 			drain(b);
 			ok_all &= cr.status == STORE_OK;
@@ -699,7 +702,7 @@ static void *settler(void *arg)
 
 	usleep((useconds_t)p->delay_ms * 1000);
 	if (p->resp != NULL)
-		op = store_complete(p->s, b, &k, p->owner, p->resp, 600000,
+		op = store_complete(p->s, b, &k, p->owner, nofp, p->resp, 600000,
 				    on_peer_status, p);
 	else
 		op = store_release(p->s, b, &k, p->owner, on_peer_status, p);
@@ -883,7 +886,7 @@ static void test_cancel(void)
 	c = mkclaim("c3", 1, 60000, 600000);
 	is_int(do_claim(s, b, &c, &r, "cancel3: claim"), STORE_WON, "claim WON");
 	k = mkkey("", "c3");
-	op = store_complete(s, b, &k, r.owner, resp, 600000, on_result, &x);
+	op = store_complete(s, b, &k, r.owner, nofp, resp, 600000, on_result, &x);
 	store_cancel(op);
 	drain(b);
 	is_int(atomic_load(&x.calls), 0, "cancelled complete: no callback");

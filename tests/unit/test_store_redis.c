@@ -252,7 +252,7 @@ static enum store_status complete(struct store *s, struct event_base *b,
 				  struct stored_response *resp)
 {
 	struct res r = { .base = b };
-	struct store_op *op = store_complete(s, b, &c->key, owner, resp, TTL,
+	struct store_op *op = store_complete(s, b, &c->key, owner, c->fp, resp, TTL,
 					     on_result, &r);
 	enum store_status st;
 
@@ -387,7 +387,7 @@ static void *thread_main(void *p)
 	if (t->won) {
 		struct res rc = { .base = t->base };
 
-		if (store_complete(t->s, t->base, &c.key, r.owner, resp, TTL,
+		if (store_complete(t->s, t->base, &c.key, r.owner, c.fp, resp, TTL,
 				   on_result, &rc) != NULL)
 			run_for(t->base, 2000);
 		run_for(t->base, 50);	/* the write-through */
@@ -558,7 +558,7 @@ int main(void)
 		{
 			struct res rc = { 0 };
 
-			op = store_complete(s, base, &c2.key, r.owner, resp, TTL,
+			op = store_complete(s, base, &c2.key, r.owner, c2.fp, resp, TTL,
 					    on_result, &rc);
 			store_cancel(op);
 			run_for(base, 50);
