@@ -65,11 +65,14 @@ enum upstream_error {
 	X(connections,          "Open client connections.") \
 	X(upstream_connections, "Open connections to the upstream, busy or idle.") \
 	X(in_flight,            "Keyed requests this process is executing upstream.") \
-	X(sweep_lag_seconds,    "How long after expiry the oldest record of the last sweep batch was deleted.")
+	X(sweep_lag_seconds,    "How long after expiry the oldest record of the last sweep batch was deleted.") \
+	X(response_cache_bytes, "Bytes held by the in-process response cache.") \
+	X(response_cache_entries, "Completed responses held by the in-process response cache.")
 
 /* Plain counters: name, help. */
 #define COUNTER_LIST(X) \
 	X(redis_hits_total,        "Replays answered from Redis without PostgreSQL.") \
+	X(response_cache_hits_total, "Replays answered from the in-process response cache.") \
 	X(completion_retries_total, "Completion or release writes retried after a store error.") \
 	X(completion_failures_total, "Completions or releases given up; the lease resolves the key.") \
 	X(sweep_deleted_total,     "Expired records deleted by the sweeper.")

@@ -574,8 +574,12 @@ static void set_up(struct pg_conn *c, bool up)
 		return;		/* also: a slot never opened has no local */
 	s = c->local->s;
 	c->was_up = up;
-	if (c->listener)
+	if (c->listener) {
+		if (s->notify_fn != NULL)
+			s->notify_fn(s->notify_arg, up ? STORE_PG_LISTEN_UP :
+						STORE_PG_LISTEN_DOWN, NULL);
 		return;
+	}
 	c->local->up += up ? 1 : -1;
 	if (up) {
 		if (atomic_fetch_add(&s->up, 1) == 0 &&
@@ -915,7 +919,7 @@ static void notified(struct pg_local *l, const char *payload)
 	if (colon == NULL)
 		return;
 	if (l->s->notify_fn != NULL)
-		l->s->notify_fn(l->s->notify_arg, payload);
+		l->s->notify_fn(l->s->notify_arg, STORE_PG_NOTIFY, payload);
 	slen = (size_t)(colon - payload);
 	for (o = TAILQ_FIRST(&l->watchers); o != NULL; o = next) {
 		next = TAILQ_NEXT(o, link);
@@ -931,8 +935,6 @@ static void notified(struct pg_local *l, const char *payload)
 /* The setup batch (or the listener's LISTEN) answered. */
 static void setup_result(struct pg_conn *c, PGresult *r)
 {
-	struct pg_store *s = c->local->s;
-
 	if (r != NULL) {
 		ExecStatusType st = PQresultStatus(r);
 
@@ -950,8 +952,6 @@ static void setup_result(struct pg_conn *c, PGresult *r)
 	evtimer_del(c->timer);	/* the connect deadline */
 	set_up(c, true);
 	c->state = PGC_IDLE;
-	if (c->listener && s->notify_fn != NULL)
-		s->notify_fn(s->notify_arg, NULL);	/* may have missed some */
 }
 
 /* One result of the batch on the wire (NULL: the end of one statement's

@@ -24,13 +24,21 @@
 struct store *store_pg_new(const char *conninfo, int conns_per_thread);
 
 /*
- * Called on the thread that received it for every notification on the
- * "idemproxy" channel (payload "<scope>:<key>": the record was completed,
- * released or purged), and with NULL whenever a listener (re)connects:
- * notifications may have been missed. Set before any thread_init: each
- * thread then LISTENs from the start.
+ * What a listener connection saw, for a cache that must stay coherent:
+ * every notification on the "idemproxy" channel (payload "<scope>:<key>":
+ * the record was completed, released or purged), and each listener going
+ * up or down (while one is down, notifications can be missed).
  */
-typedef void (*store_pg_notify_fn)(void *arg, const char *payload);
+enum store_pg_event {
+	STORE_PG_NOTIFY,
+	STORE_PG_LISTEN_UP,
+	STORE_PG_LISTEN_DOWN,
+};
+
+/* Called on the listener's thread; payload only for STORE_PG_NOTIFY. Set
+ * before any thread_init: each thread then LISTENs from the start. */
+typedef void (*store_pg_notify_fn)(void *arg, enum store_pg_event ev,
+				   const char *payload);
 void store_pg_on_notify(struct store *s, store_pg_notify_fn fn, void *arg);
 
 /*

@@ -24,6 +24,7 @@
 #include "config.h"
 #include "log.h"
 #include "store.h"
+#include "store_cache.h"
 #include "store_memory.h"
 #include "store_pg.h"
 #include "store_redis.h"
@@ -196,6 +197,20 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	log_info("SIGHUP: reloaded %s", cfg->config_file);
 }
 
+/* What a PostgreSQL listener heard, for the response cache. */
+static void cache_heard(void *arg, enum store_pg_event ev, const char *payload)
+{
+	switch (ev) {
+	case STORE_PG_NOTIFY:
+		store_cache_notified(arg, payload);
+		return;
+	case STORE_PG_LISTEN_UP:
+	case STORE_PG_LISTEN_DOWN:
+		store_cache_listening(arg, ev == STORE_PG_LISTEN_UP);
+		return;
+	}
+}
+
 /* Expired records go in small batches (--sweep-interval). */
 static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -209,6 +224,7 @@ static int run(struct daemon *d)
 	struct config *cfg = d->cfg;
 	struct upstream_target target = { .host = cfg->upstream_hp.host,
 					  .port = cfg->upstream_hp.port };
+	struct store *pg = NULL;
 	char port[32];
 	char err[512];
 	int rc = 1;
@@ -220,7 +236,7 @@ static int run(struct daemon *d)
 	if (strcmp(cfg->store, "memory") == 0)
 		d->store = store_memory_new(cfg->memory_max_bytes, NULL);
 	else
-		d->store = store_pg_new(cfg->store, cfg->store_connections);
+		d->store = pg = store_pg_new(cfg->store, cfg->store_connections);
 	if (d->store != NULL && cfg->redis != NULL) {
 		/* the fast path in front of PostgreSQL; takes the inner store */
 		d->store = store_redis_new(d->store, cfg->redis_hp.host,
@@ -230,6 +246,12 @@ static int run(struct daemon *d)
 			log_error("--redis %s: %s", cfg->redis, err);
 			return 1;
 		}
+	}
+	if (pg != NULL && d->store != NULL && cfg->response_cache > 0) {
+		/* in front of everything; kept coherent by the pg listeners */
+		d->store = store_cache_new(d->store, cfg->response_cache);
+		if (d->store != NULL)
+			store_pg_on_notify(pg, cache_heard, d->store);
 	}
 	d->base = event_base_new();
 	if (d->store == NULL || d->base == NULL)

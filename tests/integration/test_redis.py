@@ -5,6 +5,8 @@ a duplicate execution.
 
 To prove that an answer came from Redis, a test deletes the record from
 PostgreSQL first: without the cache, the same request would execute again.
+The in-process response cache (in front of Redis) is off here, so that
+every duplicate reaches Redis; test_response_cache.py covers it.
 """
 import concurrent.futures as cf
 import time
@@ -20,7 +22,8 @@ TTL_S = 60
 
 def start(make_proxy, pg_db, redis, *flags, **kw):
     p = make_proxy("--store", pg_db.url, "--redis", redis.url,
-                   "--ttl", f"{TTL_S}s", *flags, **kw)
+                   "--ttl", f"{TTL_S}s", "--response-cache", "0", *flags,
+                   **kw)
     wait_readyz(p)
     return p
 
