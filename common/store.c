@@ -68,6 +68,32 @@ const char *store_status_name(enum store_status s)
 	return names[s];
 }
 
+size_t store_id(const char *scope, size_t slen, const char *key, size_t klen,
+		char buf[STORE_ID_MAX])
+{
+	memcpy(buf, scope, slen);
+	buf[slen] = '\n';
+	memcpy(buf + slen + 1, key, klen);
+	buf[slen + 1 + klen] = '\0';
+	return slen + 1 + klen;
+}
+
+size_t store_key_id(const struct store_key *k, char buf[STORE_ID_MAX])
+{
+	return store_id(k->scope, strlen(k->scope), k->key, strlen(k->key), buf);
+}
+
+uint64_t store_id_hash(const char *id, size_t len)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= (unsigned char)id[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
 int store_new_owner(char out[STORE_OWNER_LEN + 1])
 {
 	static const char hex[] = "0123456789abcdef";

@@ -219,6 +219,15 @@ static inline void store_free(struct store *s)
 		s->ops->free(s);
 }
 
+/* A record's identity as one string, "<scope>\n<key>", and its hash
+ * (FNV-1a: keys are short, bounded and namespaced by scope, so an
+ * adversary can slow one chain at most), for in-process tables. */
+#define STORE_ID_MAX (STORE_SCOPE_LEN + 1 + IDEMKEY_MAX + 1)
+size_t store_id(const char *scope, size_t slen, const char *key, size_t klen,
+		char buf[STORE_ID_MAX]);
+size_t store_key_id(const struct store_key *k, char buf[STORE_ID_MAX]);
+uint64_t store_id_hash(const char *id, size_t len);
+
 /* A fresh random owner token (hex). Returns 0 or -1. */
 int store_new_owner(char out[STORE_OWNER_LEN + 1]) MUSTCHECK;
 

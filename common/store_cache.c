@@ -23,10 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/queue.h>
-#include <time.h>
 
 #include <event2/event.h>
 
+#include "clock.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -85,43 +85,6 @@ struct cop {
 };
 
 static const struct store_ops cache_ops;
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-/* FNV-1a, as the memory store: keys are short and bounded. */
-static uint64_t hash_id(const char *p, size_t len)
-{
-	uint64_t h = 1469598103934665603ull;
-
-	for (size_t i = 0; i < len; i++) {
-		h ^= (unsigned char)p[i];
-		h *= 1099511628211ull;
-	}
-	return h;
-}
-
-static size_t make_id(const char *scope, size_t slen, const char *key,
-		      size_t klen, char *buf)
-{
-	memcpy(buf, scope, slen);
-	buf[slen] = '\n';
-	memcpy(buf + slen + 1, key, klen);
-	buf[slen + 1 + klen] = '\0';
-	return slen + 1 + klen;
-}
-
-static size_t key_id(const struct store_key *k, char *buf)
-{
-	return make_id(k->scope, strlen(k->scope), k->key, strlen(k->key), buf);
-}
-
-#define ID_MAX (STORE_SCOPE_LEN + 1 + IDEMKEY_MAX + 1)
 
 /* ---- the table (under mu) --------------------------------------------- */
 
@@ -197,13 +160,13 @@ static unsigned gen_of(const struct cache_store *cs, uint64_t h)
 static void fill(struct cache_store *cs, const struct cop *o,
 		 struct stored_response *resp, uint64_t expires_ms)
 {
-	char id[ID_MAX];
-	size_t len = key_id(&o->key, id);
-	uint64_t h = hash_id(id, len);
+	char id[STORE_ID_MAX];
+	size_t len = store_key_id(&o->key, id);
+	uint64_t h = store_id_hash(id, len);
 	size_t bytes = ENTRY_OVERHEAD + len + resp->head_len + resp->body_len;
 	struct entry *e, **pp;
 
-	if (bytes > cs->max_bytes / 8 || expires_ms <= now_ms())
+	if (bytes > cs->max_bytes / 8 || expires_ms <= clock_ms())
 		return;
 	e = malloc(sizeof(*e) + len + 1);
 	if (e == NULL)
@@ -251,9 +214,9 @@ static enum store_status lookup(struct cache_store *cs, const struct store_key *
 				const uint8_t fp[FP_LEN],
 				struct stored_response **resp, uint64_t *ttl_left)
 {
-	char id[ID_MAX];
-	size_t len = key_id(k, id);
-	uint64_t h = hash_id(id, len), now = now_ms();
+	char id[STORE_ID_MAX];
+	size_t len = store_key_id(k, id);
+	uint64_t h = store_id_hash(id, len), now = clock_ms();
 	enum store_status st = STORE_ERROR;
 	struct entry **pp;
 
@@ -295,7 +258,7 @@ static struct cop *cop_new(struct cache_store *cs, enum cop_kind kind,
 			   const struct store_key *k, store_cb cb, void *arg)
 {
 	struct cop *o = calloc(1, sizeof(*o));
-	char id[ID_MAX];
+	char id[STORE_ID_MAX];
 
 	if (o == NULL)
 		return NULL;
@@ -305,9 +268,9 @@ static struct cop *cop_new(struct cache_store *cs, enum cop_kind kind,
 	o->cb = cb;
 	o->arg = arg;
 	o->key = *k;
-	o->start_ms = now_ms();
+	o->start_ms = clock_ms();
 	o->global_gen = atomic_load(&cs->global_gen);
-	o->gen = gen_of(cs, hash_id(id, key_id(k, id)));
+	o->gen = gen_of(cs, store_id_hash(id, store_key_id(k, id)));
 	return o;
 }
 
@@ -440,7 +403,7 @@ static bool cache_ready(struct store *s)
 static void cache_sweep(struct store *s, struct event_base *base)
 {
 	struct cache_store *cs = (struct cache_store *)s;
-	uint64_t now = now_ms();
+	uint64_t now = clock_ms();
 	struct entry *e, *next;
 
 	/* expired entries (the table is bounded by bytes: a short walk) */
@@ -506,7 +469,7 @@ void store_cache_notified(struct store *s, const char *payload)
 {
 	struct cache_store *cs = (struct cache_store *)s;
 	const char *sk, *colon;
-	char id[ID_MAX];
+	char id[STORE_ID_MAX];
 	struct entry **pp;
 	size_t len;
 	uint64_t h;
@@ -525,8 +488,8 @@ void store_cache_notified(struct store *s, const char *payload)
 	if (colon == NULL || (size_t)(colon - sk) > STORE_SCOPE_LEN ||
 	    strlen(colon + 1) > IDEMKEY_MAX)
 		return;
-	len = make_id(sk, (size_t)(colon - sk), colon + 1, strlen(colon + 1), id);
-	h = hash_id(id, len);
+	len = store_id(sk, (size_t)(colon - sk), colon + 1, strlen(colon + 1), id);
+	h = store_id_hash(id, len);
 	pthread_mutex_lock(&cs->mu);
 	atomic_fetch_add(&cs->gens[h % NGENS], 1);
 	pp = find_slot(cs, id, len, h);

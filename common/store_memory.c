@@ -20,6 +20,7 @@
 
 #include <event2/event.h>
 
+#include "clock.h"
 #include "metrics.h"
 
 #define NBUCKETS_MIN 1024
@@ -66,38 +67,6 @@ struct mem_op {
 };
 
 static const struct store_ops mem_ops;
-
-static uint64_t monotonic_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-/* FNV-1a: short keys, no adversary can do more than slow one chain
- * (keys are namespaced by scope and limited to 255 bytes). */
-static uint64_t hash_id(const char *p, size_t len)
-{
-	uint64_t h = 1469598103934665603ull;
-
-	for (size_t i = 0; i < len; i++) {
-		h ^= (unsigned char)p[i];
-		h *= 1099511628211ull;
-	}
-	return h;
-}
-
-static size_t make_id(const struct store_key *k, char *buf)
-{
-	size_t sl = strlen(k->scope), kl = strlen(k->key);
-
-	memcpy(buf, k->scope, sl);
-	buf[sl] = '\n';
-	memcpy(buf + sl + 1, k->key, kl);
-	buf[sl + 1 + kl] = '\0';
-	return sl + 1 + kl;
-}
 
 static struct mem_entry **find_slot(struct mem_store *m, const char *id,
 				    size_t len, uint64_t h)
@@ -240,9 +209,9 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 {
 	struct mem_store *m = (struct mem_store *)s;
 	struct mem_op *o = op_new(m, base, cb, arg);
-	char id[STORE_SCOPE_LEN + IDEMKEY_MAX + 2];
-	size_t len = make_id(&c->key, id);
-	uint64_t h = hash_id(id, len);
+	char id[STORE_ID_MAX];
+	size_t len = store_key_id(&c->key, id);
+	uint64_t h = store_id_hash(id, len);
 	struct mem_entry **pp, *e;
 	enum store_status st;
 	uint64_t now;
@@ -313,9 +282,9 @@ out:
 static struct mem_entry **find_owned(struct mem_store *m, const struct store_key *k,
 				     const char *owner)
 {
-	char id[STORE_SCOPE_LEN + IDEMKEY_MAX + 2];
-	size_t len = make_id(k, id);
-	struct mem_entry **pp = find_slot(m, id, len, hash_id(id, len));
+	char id[STORE_ID_MAX];
+	size_t len = store_key_id(k, id);
+	struct mem_entry **pp = find_slot(m, id, len, store_id_hash(id, len));
 
 	if (*pp == NULL || (*pp)->completed || strcmp((*pp)->owner, owner) != 0)
 		return NULL;
@@ -423,8 +392,8 @@ static struct store_op *mem_watch(struct store *s, struct event_base *base,
 {
 	struct mem_store *m = (struct mem_store *)s;
 	struct mem_op *o = op_new(m, base, cb, arg);
-	char id[STORE_SCOPE_LEN + IDEMKEY_MAX + 2];
-	size_t len = make_id(k, id);
+	char id[STORE_ID_MAX];
+	size_t len = store_key_id(k, id);
 	struct mem_entry *e;
 	uint64_t now;
 
@@ -433,7 +402,7 @@ static struct store_op *mem_watch(struct store *s, struct event_base *base,
 	o->watch = true;
 	pthread_mutex_lock(&m->mu);
 	now = m->clock();
-	e = *find_slot(m, id, len, hash_id(id, len));
+	e = *find_slot(m, id, len, store_id_hash(id, len));
 	if (e == NULL || e->completed || e->lease_until <= now ||
 	    expired(e, now)) {
 		pthread_mutex_unlock(&m->mu);
@@ -538,7 +507,7 @@ struct store *store_memory_new(size_t max_bytes, store_clock_fn clock)
 	}
 	pthread_mutex_init(&m->mu, NULL);
 	m->max_bytes = max_bytes;
-	m->clock = clock != NULL ? clock : monotonic_ms;
+	m->clock = clock != NULL ? clock : clock_ms;
 	return &m->base;
 }
 

@@ -55,6 +55,7 @@
 #include <event2/event.h>
 #include <libpq-fe.h>
 
+#include "clock.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -323,21 +324,6 @@ static void grow(struct pg_local *l);
 static int conn_init(struct pg_local *l, struct pg_conn *c, bool listener);
 static void enqueue(struct pg_op *o, bool head);
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-static struct timeval ms_tv(uint64_t ms)
-{
-	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
-
-	return tv;
-}
-
 /* ---- finding the calling thread's pool ----------------------------- */
 
 static _Thread_local struct {
@@ -444,7 +430,7 @@ static struct pg_op *op_alloc(struct pg_local *l, enum pg_kind kind,
 	o->arg = arg;
 	if (k != NULL)
 		o->key = *k;
-	o->deadline_ms = now_ms() + PG_OP_TIMEOUT_MS;
+	o->deadline_ms = clock_ms() + PG_OP_TIMEOUT_MS;
 	o->ev = event_new(l->base, -1, 0, op_ev_cb, o);
 	if (o->ev == NULL) {
 		free(o);
@@ -482,7 +468,7 @@ static void release_abandoned(struct pg_local *l, const struct store_key *k,
 		return;
 	}
 	memcpy(o->owner, owner, sizeof(o->owner));
-	o->deadline_ms = now_ms() + lease_ms;
+	o->deadline_ms = clock_ms() + lease_ms;
 	enqueue(o, false);
 }
 
@@ -517,11 +503,11 @@ static bool may_serve(const struct pg_local *l)
  */
 static void hasten(struct pg_local *l)
 {
-	uint64_t now = now_ms();
+	uint64_t now = clock_ms();
 
 	for (int i = 0; i < l->nconns; i++) {
 		struct pg_conn *c = &l->conns[i];
-		struct timeval tv = ms_tv(PG_BACKOFF_PENDING_MS);
+		struct timeval tv = clock_tv(PG_BACKOFF_PENDING_MS);
 
 		if (!c->used || c->state != PGC_DOWN ||
 		    c->retry_at <= now + PG_BACKOFF_PENDING_MS)
@@ -538,8 +524,8 @@ static void hasten(struct pg_local *l)
 static void enqueue(struct pg_op *o, bool head)
 {
 	struct pg_local *l = o->local;
-	uint64_t now = now_ms();
-	struct timeval tv = ms_tv(o->deadline_ms > now ? o->deadline_ms - now : 0);
+	uint64_t now = clock_ms();
+	struct timeval tv = clock_tv(o->deadline_ms > now ? o->deadline_ms - now : 0);
 
 	o->where = OP_QUEUED;
 	if (head)
@@ -609,7 +595,7 @@ static void retry_op(struct pg_op *o, bool unknown)
 		op_free(o);
 	} else if (o->cb == NULL && o->kind != PG_RELEASE) {
 		op_free(o);	/* cancelled: nobody to tell */
-	} else if (o->errors >= PG_STMT_ERRORS || now_ms() >= o->deadline_ms) {
+	} else if (o->errors >= PG_STMT_ERRORS || clock_ms() >= o->deadline_ms) {
 		give_up(o);
 	} else {
 		enqueue(o, true);
@@ -689,8 +675,8 @@ static void conn_fail(struct pg_conn *c, const char *why)
 		if (!TAILQ_EMPTY(&l->queue) && delay > PG_BACKOFF_PENDING_MS)
 			delay = PG_BACKOFF_PENDING_MS;
 	}
-	c->retry_at = now_ms() + (uint64_t)delay;
-	tv = ms_tv((uint64_t)delay);
+	c->retry_at = clock_ms() + (uint64_t)delay;
+	tv = clock_tv((uint64_t)delay);
 	evtimer_add(c->timer, &tv);
 }
 
@@ -764,7 +750,7 @@ static void conn_start(struct pg_conn *c)
 	c->state = PGC_CONNECTING;
 	arm_io(c, EV_WRITE);
 	if (c->pg != NULL) {
-		struct timeval tv = ms_tv(PG_CONNECT_TIMEOUT_MS);
+		struct timeval tv = clock_tv(PG_CONNECT_TIMEOUT_MS);
 
 		evtimer_add(c->timer, &tv);	/* a black-holed server */
 	}
@@ -1130,7 +1116,7 @@ static int send_op(struct pg_conn *c, struct pg_op *o)
 static void send_batch(struct pg_conn *c)
 {
 	struct pg_local *l = c->local;
-	struct timeval tv = ms_tv(PG_OP_TIMEOUT_MS);
+	struct timeval tv = clock_tv(PG_OP_TIMEOUT_MS);
 	struct pg_op *o;
 	int n = 0;
 
@@ -1305,7 +1291,7 @@ static struct store_op *pg_watch(struct store *st, struct event_base *base,
 				 const struct store_key *k, store_cb cb, void *arg)
 {
 	struct pg_op *o = op_new((struct pg_store *)st, base, PG_WATCH, k, cb, arg);
-	struct timeval tv = ms_tv(PG_POLL_MS);
+	struct timeval tv = clock_tv(PG_POLL_MS);
 
 	if (o == NULL)
 		return NULL;

@@ -35,6 +35,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
+#include "clock.h"
 #include "httphdr.h"
 #include "log.h"
 
@@ -115,14 +116,6 @@ static double seconds_since(const struct timespec *t0)
 	       (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
 }
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* The n-th retry's back-off (n >= 1): first, doubling, capped. */
 static uint64_t backoff_ms(uint64_t first, int n)
 {
@@ -142,7 +135,7 @@ static bool lease_allows(const struct idem *ix, uint64_t ms)
 
 	if (margin > LEASE_MARGIN_MS)
 		margin = LEASE_MARGIN_MS;
-	return now_ms() + ms + margin < ix->lease_end_ms;
+	return clock_ms() + ms + margin < ix->lease_end_ms;
 }
 
 static void arm_timer(struct idem *ix, uint64_t ms)
@@ -734,7 +727,7 @@ static void on_claim(void *arg, const struct store_result *res)
 static void claim(struct idem *ix)
 {
 	ix->state = IDEM_ST_CLAIM;
-	ix->claim_sent_ms = now_ms();
+	ix->claim_sent_ms = clock_ms();
 	ix->op = store_claim(ix->env->store, ix->env->base, &ix->req.claim,
 			     on_claim, ix);
 	if (ix->op == NULL)
@@ -753,7 +746,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 			       OUTCOME_CONFLICT);
 		return;
 	case IDEM_ST_FORWARD:
-		ix->ext_sent_ms = now_ms();
+		ix->ext_sent_ms = clock_ms();
 		if (ix->owns && ix->ext_op == NULL)
 			ix->ext_op = store_extend(ix->env->store, ix->env->base,
 						  &ix->req.claim.key, ix->owner,
@@ -798,7 +791,7 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 		ix->state = IDEM_ST_PASS;
 		arm_timer(ix, 0);
 	} else {
-		ix->claim_sent_ms = now_ms();
+		ix->claim_sent_ms = clock_ms();
 		ix->op = store_claim(env->store, env->base, &ix->req.claim,
 				     on_claim, ix);
 		if (ix->op == NULL)
