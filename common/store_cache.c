@@ -432,10 +432,11 @@ static void cache_free(struct store *s)
 {
 	struct cache_store *cs = (struct cache_store *)s;
 
+	/* first: the store behind may still report its listeners closing */
+	store_free(cs->inner);
 	drop_all(cs);
 	free(cs->buckets);
 	pthread_mutex_destroy(&cs->mu);
-	store_free(cs->inner);
 	free(cs);
 }
 
