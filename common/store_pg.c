@@ -253,7 +253,8 @@ struct pg_op {
 	TAILQ_ENTRY(pg_op) link;	/* queue, watchers or a batch */
 	enum op_where where;
 	bool sent;			/* on the wire once: outcome may exist */
-	bool solo;			/* failed on its own: retry it alone */
+	bool solo;			/* retry it alone (failed, or abandoned) */
+	bool abandoned;			/* a claim nobody waits for: abandon() */
 	int changed;			/* claims: record changed under us */
 	int errors;			/* its own statement failed */
 	uint64_t deadline_ms;		/* monotonic: give up after this */
@@ -453,12 +454,12 @@ static struct pg_op *op_new(struct pg_store *s, struct event_base *base,
 }
 
 /*
- * A claim that may have won but will not be executed (its caller left or
- * gave up): delete it with its owner token in the background, for as long
- * as its lease could hold the key. A no-op if it never committed.
+ * A claim this store holds (won) but nobody will execute: delete it with
+ * its owner token in the background, for as long as its lease could hold
+ * the key.
  */
-static void release_abandoned(struct pg_local *l, const struct store_key *k,
-			      const char *owner, uint64_t lease_ms)
+static void release_owned(struct pg_local *l, const struct store_key *k,
+			  const char *owner, uint64_t lease_ms)
 {
 	struct pg_op *o = op_alloc(l, PG_RELEASE, k, NULL, NULL);
 
@@ -473,16 +474,57 @@ static void release_abandoned(struct pg_local *l, const struct store_key *k,
 }
 
 /*
+ * Make claim o abandoned: nobody will execute it, but it was sent and may
+ * have committed (or may still: a statement that timed out on our side
+ * can commit on the server later - a phantom claim). It goes on in the
+ * background, alone in its batch, until its outcome is known: claimed
+ * again with its own owner token - the INSERT waits on the key's index
+ * entry for a transaction still in progress, which a DELETE would not see -
+ * and released if won. Gone when its lease would have ended anyway.
+ */
+static void abandon(struct pg_op *o)
+{
+	o->cb = NULL;
+	o->abandoned = true;
+	o->solo = true;
+	o->deadline_ms = clock_ms() + o->lease_ms;
+}
+
+/* A copy of claim o, abandoned and queued (o itself reports to its
+ * caller). */
+static void abandon_copy(const struct pg_op *o)
+{
+	struct pg_op *a = op_alloc(o->local, PG_CLAIM, &o->key, NULL, NULL);
+
+	if (a == NULL) {
+		log_error("key %s: out of memory; a claim whose outcome is "
+			  "unknown stays until its lease ends", o->key.key);
+		return;
+	}
+	memcpy(a->fp, o->fp, FP_LEN);
+	memcpy(a->owner, o->owner, sizeof(a->owner));
+	a->lease_ms = o->lease_ms;
+	a->ttl_ms = o->ttl_ms;
+	a->sent = true;
+	abandon(a);
+	enqueue(a, false);
+}
+
+/*
  * The operation's deadline passed with its outcome unknown or unsent:
- * report STORE_ERROR; a claim that was sent is given back in the
- * background (it may have committed: a phantom claim).
+ * report STORE_ERROR; a claim that was sent goes on abandoned. An
+ * abandoned claim past its deadline is simply dropped: its lease is over.
  */
 static void give_up(struct pg_op *o)
 {
-	if (o->kind == PG_CLAIM && o->sent)
-		release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
 	if (o->kind == PG_SWEEP)
 		o->local->sweeping = false;
+	if (o->abandoned) {
+		op_free(o);
+		return;
+	}
+	if (o->kind == PG_CLAIM && o->sent)
+		abandon_copy(o);
 	metrics_store_error(STORE_KIND_POSTGRES);
 	op_finish(o, STORE_ERROR);
 }
@@ -579,21 +621,17 @@ static void set_up(struct pg_conn *c, bool up)
 /*
  * o's attempt is over without an outcome: rolled back (known: nothing
  * happened) or unknown (it may have committed). Send it again while its
- * deadline lasts. A cancelled claim that may hold the key is given back;
- * other cancelled operations are dropped.
+ * deadline lasts. Cancelled operations are dropped, except releases and
+ * abandoned claims (see abandon()).
  */
-static void retry_op(struct pg_op *o, bool unknown)
+static void retry_op(struct pg_op *o)
 {
 	op_clear_attempt(o);
 	o->where = OP_NEW;
 	if (o->kind == PG_SWEEP) {
 		o->local->sweeping = false;
 		op_free(o);	/* the next interval sweeps again */
-	} else if (o->cb == NULL && o->kind == PG_CLAIM) {
-		if (unknown || o->sent)
-			release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
-		op_free(o);
-	} else if (o->cb == NULL && o->kind != PG_RELEASE) {
+	} else if (o->cb == NULL && o->kind != PG_RELEASE && !o->abandoned) {
 		op_free(o);	/* cancelled: nobody to tell */
 	} else if (o->errors >= PG_STMT_ERRORS || clock_ms() >= o->deadline_ms) {
 		give_up(o);
@@ -621,7 +659,7 @@ static void batch_unknown(struct pg_conn *c)
 	c->batch_failed = false;
 	while ((o = TAILQ_FIRST(&ops)) != NULL) {
 		TAILQ_REMOVE(&ops, o, link);
-		retry_op(o, true);
+		retry_op(o);
 	}
 }
 
@@ -796,9 +834,9 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 	if (slen == 3 && memcmp(state, "won", 3) == 0) {
 		memcpy(o->res.owner, o->owner, sizeof(o->owner));
 		if (o->cb == NULL) {
-			/* cancelled: nobody will execute it; give the key back
+			/* abandoned: nobody will execute it; give the key back
 			 * now rather than leave it stuck for a lease */
-			release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
+			release_owned(o->local, &o->key, o->owner, o->lease_ms);
 			op_free(o);
 			return;
 		}
@@ -891,7 +929,7 @@ static void batch_done(struct pg_conn *c)
 			o->errors++;
 		if (o->stmt_failed || !blamed)
 			o->solo = true;
-		retry_op(o, false);
+		retry_op(o);
 	}
 }
 
@@ -1316,8 +1354,11 @@ static void pg_cancel(struct store_op *op)
 	switch (o->where) {
 	case OP_QUEUED:
 		TAILQ_REMOVE(&o->local->queue, o, link);
-		if (o->kind == PG_CLAIM && o->sent)
-			release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
+		if (o->kind == PG_CLAIM && o->sent) {
+			abandon(o);
+			enqueue(o, true);
+			return;
+		}
 		op_free(o);
 		return;
 	case OP_WATCHING:
@@ -1326,11 +1367,13 @@ static void pg_cancel(struct store_op *op)
 		return;
 	case OP_RUNNING:
 		/* on the wire: forget the caller; its batch decides */
+		if (o->kind == PG_CLAIM)
+			abandon(o);
 		o->cb = NULL;
 		return;
 	case OP_DELIVERING:
 		if (o->kind == PG_CLAIM && o->res.status == STORE_WON)
-			release_abandoned(o->local, &o->key, o->owner, o->lease_ms);
+			release_owned(o->local, &o->key, o->owner, o->lease_ms);
 		op_free(o);	/* event_free drops the pending activation */
 		return;
 	case OP_NEW:
