@@ -47,6 +47,7 @@
 #include <hiredis/async.h>
 #include <hiredis/adapters/libevent.h>
 
+#include "clock.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -127,6 +128,7 @@ struct redis_claim {
 	struct store_op *inner;		/* CLAIM_INNER */
 	struct event *ev;		/* lookup timer, then delivery */
 	struct store_result res;	/* CLAIM_DELIVER */
+	uint64_t start_ms;		/* monotonic: the call */
 };
 
 struct redis_complete {
@@ -138,6 +140,7 @@ struct redis_complete {
 	uint8_t fp[FP_LEN];
 	struct stored_response *resp;	/* our reference */
 	uint64_t ttl_ms;
+	uint64_t start_ms;		/* monotonic: the call */
 	store_cb cb;
 	void *arg;
 	struct store_op *inner;
@@ -468,7 +471,8 @@ static void claim_post(struct redis_claim *o, enum store_status st)
 
 static void cache_put(struct redis_store *rs, struct event_base *base,
 		      const struct store_key *k, const uint8_t fp[FP_LEN],
-		      const struct stored_response *resp, uint64_t ttl_ms);
+		      const struct stored_response *resp, uint64_t start_ms,
+		      uint64_t ttl_ms);
 
 static void claim_inner_cb(void *arg, const struct store_result *res)
 {
@@ -479,6 +483,7 @@ static void claim_inner_cb(void *arg, const struct store_result *res)
 	 * or the record predates it) is cached for the record's remaining life */
 	if (res->status == STORE_COMPLETED && res->ttl_left_ms > 0)
 		cache_put(o->rs, o->base, &o->claim.key, o->claim.fp, res->resp,
+			  o->start_ms,
 			  res->ttl_left_ms);
 	o->cb(o->arg, res);
 	claim_free(o);
@@ -599,6 +604,7 @@ static struct store_op *redis_claim(struct store *s, struct event_base *base,
 	o->rs = rs;
 	o->base = base;
 	o->claim = *c;
+	o->start_ms = clock_ms();
 	o->cb = cb;
 	o->arg = arg;
 	o->ev = event_new(base, -1, 0, claim_ev_cb, o);
@@ -671,20 +677,27 @@ static void set_cb(redisAsyncContext *ac, void *r, void *priv)
 		rc->backoff_ms = BACKOFF_MIN_MS;
 }
 
-/* Cache a completed record for ttl_ms; failures are counted, never
- * reported. */
+/*
+ * Cache a completed record that lives ttl_ms from a moment after start_ms
+ * (the store's clock ran from when it executed the call made at start_ms):
+ * the cached copy expires ttl_ms after start_ms, never after the record.
+ * Failures are counted, never reported.
+ */
 static void cache_put(struct redis_store *rs, struct event_base *base,
 		      const struct store_key *k, const uint8_t fp[FP_LEN],
-		      const struct stored_response *resp, uint64_t ttl_ms)
+		      const struct stored_response *resp, uint64_t start_ms,
+		      uint64_t ttl_ms)
 {
+	uint64_t spent = clock_ms() - start_ms;
 	struct rconn *rc = rc_get(rs, base, true);
 	char key[KEY_MAX];
 	char *val;
 	size_t vlen;
 	int klen;
 
-	if (rc == NULL || rc->state != RC_UP || ttl_ms == 0)
+	if (rc == NULL || rc->state != RC_UP || ttl_ms <= spent)
 		return;		/* down: the outage is counted already */
+	ttl_ms -= spent;
 	if (rc->pending >= MAX_PENDING) {
 		metrics_store_error(STORE_KIND_REDIS);
 		return;
@@ -716,7 +729,8 @@ static void complete_inner_cb(void *arg, const struct store_result *res)
 
 	o->inner = NULL;
 	if (res->status == STORE_OK)
-		cache_put(o->rs, o->base, &o->key, o->fp, o->resp, o->ttl_ms);
+		cache_put(o->rs, o->base, &o->key, o->fp, o->resp,
+			  o->start_ms, o->ttl_ms);
 	o->cb(o->arg, res);
 	complete_free(o);
 }
@@ -740,6 +754,7 @@ static struct store_op *redis_complete(struct store *s, struct event_base *base,
 	memcpy(o->fp, fp, FP_LEN);
 	o->resp = stored_response_ref(resp);
 	o->ttl_ms = ttl_ms;
+	o->start_ms = clock_ms();
 	o->cb = cb;
 	o->arg = arg;
 	o->inner = store_complete(rs->inner, base, k, owner, fp, resp, ttl_ms,

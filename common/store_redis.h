@@ -12,8 +12,10 @@
  *             Redis down: the inner store's claim, its result passed through
  *             unchanged. The inner store alone decides who wins.
  *   complete  the inner store's; when it says STORE_OK the record is written
- *             through (SET ... PX ttl_ms), fire and forget: failures are only
- *             counted (idemproxy_store_errors_total{store="redis"}).
+ *             through (SET ... PX ttl_ms less the time since the call, so
+ *             that the copy never outlives the record), fire and forget:
+ *             failures are only counted
+ *             (idemproxy_store_errors_total{store="redis"}).
  *   release, extend, watch, sweep, ready: the inner store's. Redis never
  *             affects readiness and is never an error: losing its data (down,
  *             slow, flushed, evicted) only sends claims to the inner store.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/bench/keyed.sh - keyed-request benchmark (issues 3 and 4), in one run:
+# tests/bench/keyed.sh - keyed-request benchmark (issues 3, 4 and 9), in one run:
 #
 #  A. memory store: 1 KiB POST through idemproxy --store memory
 #       pass        no key (post1k.lua: request built once)
@@ -11,14 +11,31 @@
 #                   replay with no upstream hop (keyed_same.lua)
 #     goals: same / pass >= 1.5x, unique / pass-lua >= 0.9x
 #  B. PostgreSQL 15 (private cluster, fsync on, synchronous_commit on)
-#       nginx       proxy_pass of the same POST (tests/bench/nginx.conf.in)
-#       pgbench     the exact claim + complete statements of a new key
-#                   (pgbench_claim.py, -M prepared), as many clients as wrk
-#                   has connections
-#       pg-unique   idemproxy --store postgres://..., unique keys
-#       pg-same     idemproxy --store postgres://..., one key (no Redis)
-#       pgr-same    idemproxy --store postgres://... --redis ..., one key
-#     goals: pg-unique >= 0.8x pgbench tps, pgr-same >= 1.0x nginx
+#       nginx        proxy_pass of the same POST (tests/bench/nginx.conf.in)
+#       pgbench      the exact claim + complete statements of a new key
+#                    (pgbench_claim.py, -M prepared), two implicit
+#                    transactions per key, as many clients as wrk has
+#                    connections
+#       pg-unique    idemproxy --store postgres://..., unique keys
+#                    (response cache at its default)
+#       pg-pass      the same idemproxy, no key (post1k.lua)
+#       pg-same-nc   idemproxy --store postgres://... --response-cache 0,
+#                    one key: every replay is a claim read from PostgreSQL
+#       pg-same      idemproxy --store postgres://... (response cache at its
+#                    default, 64MiB), one key: replays from the cache
+#       pgr-same-nc  idemproxy --store postgres://... --redis ...
+#                    --response-cache 0, one key: replays from Redis
+#       pgr-same     the same with the response cache: replays from the cache
+#     goals: pg-unique >= 0.8x pgbench tps (issue 4); pgr-same >= 1.0x nginx;
+#     issue 9: pg-unique / pgbench >= 1.0x at c=8 and >= 1.5x at c=32;
+#     replays from PostgreSQL without Redis (pg-same-nc; pg-same shown too)
+#     >= 1.0x pg-pass at c=32 (moonshot: >= mem-same)
+#  C. PostgreSQL work per new key: one more run of pgbench and of pg-unique
+#     per concurrency, with pg_stat_database (database bench) and pg_stat_wal
+#     read STATS_SETTLE seconds after the previous activity (PostgreSQL 15
+#     backends publish their counters at most once a second while busy, and
+#     10 s after going idle): commits, WAL writes, WAL syncs (fdatasync),
+#     WAL bytes, rows inserted and updated, per key.
 #
 # Not a test: prints figures and the goal checks; exits 0 unless something
 # broke (a run with errors, or requests that did not take the path the row
@@ -37,6 +54,9 @@
 #   REPEAT=3           measurements per target; median shown; targets are
 #                      interleaved in every round
 #   PG=1               0: part A only (no PostgreSQL, Redis, pgbench)
+#   ACCOUNT=1          0: skip part C
+#   STATS_SETTLE=11    seconds to wait before reading PostgreSQL's counters
+#   STORE_CONNECTIONS  idemproxy --store-connections (unset: its default, 4)
 #   MEMORY_MAX=6GiB    idemproxy --memory-max-bytes: unique keys stay in the
 #                      store for --ttl (24h); 256MiB would fill in seconds
 #   PG_BINDIR=/usr/lib/postgresql/15/bin  REDIS=redis-server
@@ -46,6 +66,11 @@
 # Every row shows the CPU time per request of the proxy (idemproxy, nginx;
 # for pgbench: pgbench itself) and of the store (the PostgreSQL server and
 # its backends, plus redis-server), from /proc over the run.
+#
+# Each idemproxy on PostgreSQL has a database of its own (bench: pg and
+# pgbench; bench0: pg0; benchr: pgr; benchr0: pgr0), so that completions
+# NOTIFY only the listener of the instance that made them (and pgbench's
+# those of pg, as pg-unique's do) and part C counts one instance's work.
 #
 # Everything listens on 127.0.0.1 on free ports; every process started here
 # is stopped by PID on exit, failure or Ctrl-C (PostgreSQL by pg_ctl, then
@@ -63,6 +88,9 @@ DURATION=${DURATION:-5s}
 WARMUP=${WARMUP:-2s}
 REPEAT=${REPEAT:-3}
 PG=${PG:-1}
+ACCOUNT=${ACCOUNT:-1}
+STATS_SETTLE=${STATS_SETTLE:-11}
+STORE_CONNECTIONS=${STORE_CONNECTIONS:-}
 MEMORY_MAX=${MEMORY_MAX:-6GiB}
 PG_BINDIR=${PG_BINDIR:-/usr/lib/postgresql/15/bin}
 REDIS=${REDIS:-redis-server}
@@ -82,6 +110,9 @@ done
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "REPEAT must be a positive integer"
 [[ $DURATION =~ ^[1-9][0-9]*s$ ]] || die "DURATION must be seconds, e.g. 5s"
 [[ $WARMUP =~ ^[1-9][0-9]*s$ ]] || die "WARMUP must be seconds, e.g. 2s"
+[[ $STATS_SETTLE =~ ^[0-9]+$ ]] || die "STATS_SETTLE must be seconds, e.g. 11"
+[[ -z $STORE_CONNECTIONS || $STORE_CONNECTIONS =~ ^[1-9][0-9]*$ ]] ||
+	die "STORE_CONNECTIONS must be a positive integer"
 if [[ $PG == 1 ]]; then
 	for b in initdb pg_ctl pgbench psql; do
 		[[ -x $PG_BINDIR/$b ]] || die "$PG_BINDIR/$b missing (PostgreSQL 15)"
@@ -265,8 +296,10 @@ start_pg() {
 	pg_sh "$PG_BINDIR/pg_ctl" -D "$PG_DATA" -w -t 60 -l "$TMP/pg/pg.log" start \
 		>/dev/null || die "pg_ctl start failed: $(tail -5 "$TMP/pg/pg.log")"
 	PG_PID=$(head -n1 "$PG_DATA/postmaster.pid")
-	psql_c postgres "CREATE DATABASE bench" >/dev/null
-	psql_c postgres "CREATE DATABASE benchr" >/dev/null
+	local db
+	for db in bench bench0 benchr benchr0; do
+		psql_c postgres "CREATE DATABASE $db" >/dev/null
+	done
 	PG_SETTINGS=$(psql_c postgres "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name)
 		FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit',
 		'full_page_writes', 'wal_sync_method', 'commit_delay')")
@@ -415,9 +448,19 @@ if [[ $PG == 1 ]]; then
 	echo "postgres:  $PG_VERSION, $PG_SETTINGS"
 	echo "           pg_test_fsync: one 8kB write + fdatasync ${FSYNC:-?} on this disk"
 	echo "redis:     $("$REDIS" --version | awk '{ print $3 }'), --save '' --appendonly no"
-	start_idemproxy pg --store "postgres://postgres@127.0.0.1:$PG_PORT/bench"
-	start_idemproxy pgr --store "postgres://postgres@127.0.0.1:$PG_PORT/benchr" \
-		--redis "redis://127.0.0.1:$REDIS_PORT"
+	# pg and pgr: the response cache at its default (64MiB); pg0, pgr0:
+	# --response-cache 0, every replay from PostgreSQL or Redis
+	PGC=()
+	[[ -n $STORE_CONNECTIONS ]] && PGC=(--store-connections "$STORE_CONNECTIONS")
+	start_idemproxy pg --store "postgres://postgres@127.0.0.1:$PG_PORT/bench" "${PGC[@]}"
+	start_idemproxy pg0 --store "postgres://postgres@127.0.0.1:$PG_PORT/bench0" "${PGC[@]}" \
+		--response-cache 0
+	start_idemproxy pgr --store "postgres://postgres@127.0.0.1:$PG_PORT/benchr" "${PGC[@]}" \
+		--redis "redis://127.0.0.1:$REDIS_PORT/0"
+	start_idemproxy pgr0 --store "postgres://postgres@127.0.0.1:$PG_PORT/benchr0" "${PGC[@]}" \
+		--redis "redis://127.0.0.1:$REDIS_PORT/1" --response-cache 0
+	echo "stores:    --store-connections ${STORE_CONNECTIONS:-default (4)};" \
+	     "response cache: pg, pgr default (64MiB); pg0, pgr0 --response-cache 0"
 	# What idemproxy stores for this request (status, head, body), so that
 	# pgbench writes the same bytes; and the exact statements.
 	curl -s -o /dev/null -X POST -H 'Idempotency-Key: pgbench-sample' \
@@ -439,7 +482,7 @@ echo
 # name | kind (wrk/pgbench) | url | lua | proxy pids | store pids | env | check
 NGINX_WORKERS=$(cat /proc/"$NGINX_PID"/task/*/children | tr '\n' ' ')
 TARGETS=(mem-pass mem-pass-lua mem-unique mem-same)
-[[ $PG == 1 ]] && TARGETS+=(nginx pgbench pg-unique pg-same pgr-same)
+[[ $PG == 1 ]] && TARGETS+=(nginx pgbench pg-unique pg-pass pg-same-nc pg-same pgr-same-nc pgr-same)
 declare -A T_URL T_LUA T_PP T_SP T_ENV T_SRV T_CHECK T_DESC
 def() { T_SRV[$1]=$2; T_LUA[$1]=$3; T_ENV[$1]=$4; T_CHECK[$1]=$5; T_DESC[$1]=$6; }
 def mem-pass     mem "$HERE/post1k.lua"       ""            passthrough "memory, no key (static request)"
@@ -449,9 +492,12 @@ def mem-same     mem "$HERE/keyed_same.lua"   "KEYED_KEY=same-mem-$RANDOM$RANDOM
 if [[ $PG == 1 ]]; then
 	def nginx     nginx "$HERE/post1k.lua"       ""  "" "nginx proxy_pass, no key"
 	def pgbench   -     ""                       ""  "" "pgbench claim+complete"
-	def pg-unique pg    "$HERE/keyed_unique.lua" ""  forwarded "postgres, unique keys (all win)"
-	def pg-same   pg    "$HERE/keyed_same.lua"   "KEYED_KEY=same-pg-$RANDOM$RANDOM" replayed "postgres, one key (replays)"
-	def pgr-same  pgr   "$HERE/keyed_same.lua"   "KEYED_KEY=same-pgr-$RANDOM$RANDOM" redis "postgres+redis, one key (replays)"
+	def pg-unique   pg   "$HERE/keyed_unique.lua" "" forwarded "postgres, unique keys (all win)"
+	def pg-pass     pg   "$HERE/post1k.lua"       "" passthrough "postgres, no key (static request)"
+	def pg-same-nc  pg0  "$HERE/keyed_same.lua"   "KEYED_KEY=same-pg0-$RANDOM$RANDOM" replayed "postgres, no cache, one key (replays)"
+	def pg-same     pg   "$HERE/keyed_same.lua"   "KEYED_KEY=same-pg-$RANDOM$RANDOM" cache "postgres+cache, one key (replays)"
+	def pgr-same-nc pgr0 "$HERE/keyed_same.lua"   "KEYED_KEY=same-pgr0-$RANDOM$RANDOM" redis "postgres+redis, no cache, one key"
+	def pgr-same    pgr  "$HERE/keyed_same.lua"   "KEYED_KEY=same-pgr-$RANDOM$RANDOM" cache "postgres+redis+cache, one key"
 fi
 for t in "${TARGETS[@]}"; do
 	case ${T_SRV[$t]} in
@@ -460,19 +506,21 @@ for t in "${TARGETS[@]}"; do
 	*) T_URL[$t]="http://127.0.0.1:${PPORT[${T_SRV[$t]}]}/"; T_PP[$t]=${PPID_OF[${T_SRV[$t]}]}
 	   case ${T_SRV[$t]} in
 	   mem) T_SP[$t]="" ;;
-	   pg) T_SP[$t]="$PG_PID" ;;
-	   pgr) T_SP[$t]="$PG_PID $REDIS_PID" ;;
+	   pg|pg0) T_SP[$t]="$PG_PID" ;;
+	   pgr|pgr0) T_SP[$t]="$PG_PID $REDIS_PID" ;;
 	   esac ;;
 	esac
 done
 
 # share CHECK: the fraction of the run's requests that took the row's path,
 # from the idemproxy's /metrics (forwarded = won and executed, replayed,
-# redis = replayed from Redis without PostgreSQL)
+# redis = replayed from Redis without PostgreSQL, cache = replayed from the
+# in-process response cache)
 counter_of() {	# counter_of SRV CHECK
 	case $2 in
 	passthrough|forwarded|replayed) metric "$1" "idemproxy_requests_total{outcome=\"$2\"}" ;;
 	redis) metric "$1" "idemproxy_redis_hits_total" ;;
+	cache) metric "$1" "idemproxy_response_cache_hits_total" ;;
 	*) echo 0 ;;
 	esac
 }
@@ -520,7 +568,7 @@ for ((r = 1; r <= REPEAT; r++)); do
 done
 
 # ---- report -------------------------------------------------------------------
-declare -A M
+declare -A M Q
 echo "== median of $REPEAT x $DURATION (wrk -t$THREADS; pgbench -j$PGBENCH_JOBS: req/s = tps," \
      "one claim + one complete per transaction)"
 printf '%-4s %-13s %-35s %9s %8s %8s %9s %9s %6s %8s   %s\n' c target what "req/s" "p50 ms" "p99 ms" \
@@ -529,12 +577,13 @@ for c in $CONNS_LIST; do
 	for t in "${TARGETS[@]}"; do
 		k=$c/$t
 		M[$k]=$(median <<<"${RPS[$k]% }")
+		Q[$k]=$(median <<<"${P99[$k]% }")
 		path=-
 		[[ -n ${SHARE[$k]:-} ]] && path=$(awk -v s="${SHARE[$k]% }" 'BEGIN {
 			n = split(s, a, " "); m = 1; for (i = 1; i <= n; i++) if (a[i] < m) m = a[i]
 			printf "%.1f%%", m * 100 }')
 		printf '%-4s %-13s %-35s %9.0f %8.3f %8.3f %9.2f %9.2f %6d %8s   %s\n' "$c" "$t" "${T_DESC[$t]}" \
-			"${M[$k]}" "$(median <<<"${P50[$k]% }")" "$(median <<<"${P99[$k]% }")" \
+			"${M[$k]}" "$(median <<<"${P50[$k]% }")" "${Q[$k]}" \
 			"$(median <<<"${PCPU[$k]% }")" "$(median <<<"${SCPU[$k]% }")" \
 			"${ERR[$k]}" "$path" "${RPS[$k]% }"
 	done
@@ -542,27 +591,135 @@ done
 echo "(proxy us: CPU per request of idemproxy / nginx workers / pgbench; store us: of the"
 echo " PostgreSQL server with its backends, plus redis-server; path: lowest share of a run's"
 echo " requests that took the row's path per /metrics: passthrough, forwarded after a won"
-echo " claim, replayed, or replayed from Redis)"
+echo " claim, replayed, replayed from Redis, or from the response cache)"
 echo
 
-goal() {	# goal LABEL NUM DEN MIN
-	awk -v l="$1" -v a="$2" -v b="$3" -v g="$4" 'BEGIN {
+goal() {	# goal LABEL C NUM_TARGET DEN_TARGET MIN: req/s ratio and both p99s
+	local k1=$2/$3 k2=$2/$4
+	awk -v l="$1" -v a="${M[$k1]}" -v b="${M[$k2]}" -v g="$5" \
+	    -v qa="${Q[$k1]}" -v qb="${Q[$k2]}" 'BEGIN {
 		r = b > 0 ? a / b : 0
-		printf "  %-52s %6.2fx  goal >= %.1fx  %s\n", l, r, g,
-			(r >= g ? "MET" : sprintf("NOT MET (%.0f%% short)", (1 - r / g) * 100)) }'
+		printf "  %-62s %6.2fx  goal >= %.1fx  %-22s p99 %7.3f vs %7.3f ms\n", l, r, g,
+			(r >= g ? "MET" : sprintf("NOT MET (%.0f%% short)", (1 - r / g) * 100)), qa, qb }'
 }
-echo "== goals"
+echo "== goals (req/s ratio of the medians; p99 of the first row vs the second)"
 for c in $CONNS_LIST; do
 	echo "c=$c"
-	goal "memory: replays / pass-through (issue 3)" "${M[$c/mem-same]}" "${M[$c/mem-pass]}" 1.5
-	goal "memory: unique-key writes / pass-through, same Lua" "${M[$c/mem-unique]}" "${M[$c/mem-pass-lua]}" 0.9
-	goal "memory: unique-key writes / pass-through (static)" "${M[$c/mem-unique]}" "${M[$c/mem-pass]}" 0.9
+	goal "memory: replays / pass-through (issue 3)" "$c" mem-same mem-pass 1.5
+	goal "memory: unique-key writes / pass-through, same Lua" "$c" mem-unique mem-pass-lua 0.9
+	goal "memory: unique-key writes / pass-through (static)" "$c" mem-unique mem-pass 0.9
 	if [[ $PG == 1 ]]; then
-		goal "postgres: unique-key writes / pgbench (issue 4)" "${M[$c/pg-unique]}" "${M[$c/pgbench]}" 0.8
-		goal "postgres+redis: replays / nginx pass-through" "${M[$c/pgr-same]}" "${M[$c/nginx]}" 1.0
-		goal "(info) idemproxy memory pass-through / nginx" "${M[$c/mem-pass]}" "${M[$c/nginx]}" 1.0
+		goal "postgres: unique-key writes / pgbench (issue 4)" "$c" pg-unique pgbench 0.8
+		case $c in
+		8) g=1.0 l="postgres: new keys / pgbench, 2 txns per key (issue 9 b)" ;;
+		32) g=1.5 l="postgres: new keys / pgbench, 2 txns per key (issue 9 b)" ;;
+		*) g=1.0 l="(info) postgres: new keys / pgbench, 2 txns per key" ;;
+		esac
+		goal "$l" "$c" pg-unique pgbench "$g"
+		l="(info) "
+		[[ $c == 32 ]] && l=""
+		goal "${l}postgres, cache off: replays / pass-through (issue 9 a)" "$c" pg-same-nc pg-pass 1.0
+		goal "${l}postgres, cache on: replays / pass-through (issue 9 a)" "$c" pg-same pg-pass 1.0
+		goal "(moonshot) postgres, cache off: replays / memory replays" "$c" pg-same-nc mem-same 1.0
+		goal "(moonshot) postgres, cache on: replays / memory replays" "$c" pg-same mem-same 1.0
+		goal "postgres+redis, cache off: replays / nginx pass-through" "$c" pgr-same-nc nginx 1.0
+		goal "postgres+redis, cache on: replays / nginx pass-through" "$c" pgr-same nginx 1.0
+		goal "(info) postgres pass-through / memory pass-through" "$c" pg-pass mem-pass 1.0
+		goal "(info) idemproxy memory pass-through / nginx" "$c" mem-pass nginx 1.0
 	fi
 done
+
+# ---- part C: what a new key costs PostgreSQL ---------------------------------
+# pg_stat_database of bench (pgbench and the pg instance only) and pg_stat_wal
+# (the cluster; nothing else writes meanwhile) around one run. Backends
+# publish their counters at most once a second while busy and 10 s after
+# going idle (PostgreSQL 15, PGSTAT_IDLE_INTERVAL): read STATS_SETTLE s
+# after the previous activity, so that every run is counted whole.
+pg_counters() {	# commits rollbacks ins upd wal_records wal_bytes wal_write wal_sync
+	psql_c postgres "SELECT d.xact_commit, d.xact_rollback, d.tup_inserted, d.tup_updated,
+		w.wal_records, w.wal_bytes, w.wal_write, w.wal_sync
+		FROM pg_stat_database d, pg_stat_wal w WHERE d.datname = 'bench'" | tr '|' ' '
+}
+# Where bench's client backends are, every 50 ms during a run (psql \watch on
+# the postgres database): "<snapshot> <wait event or CPU> <state>" lines.
+sampler_start() {	# sampler_start FILE
+	printf '%s\n' "SELECT now()::text, coalesce(wait_event_type || ':' || wait_event, 'CPU'),
+		replace(state, ' ', '_') FROM pg_stat_activity
+		WHERE datname = 'bench' AND backend_type = 'client backend' \\watch 0.05" |
+		"$PG_BINDIR/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -Atq -F'|' \
+		>"$1" 2>/dev/null &
+	SAMPLER_PID=$!
+	PIDS+=("$SAMPLER_PID")
+}
+sampler_stop() { stop_pid "$SAMPLER_PID"; }
+
+if [[ $PG == 1 && $ACCOUNT == 1 ]]; then
+	echo
+	echo "== PostgreSQL work per new key (database bench; one more run of $DURATION per row;"
+	echo "   pg_stat_database and pg_stat_wal read ${STATS_SETTLE} s after the previous activity)"
+	printf '%-4s %-10s %8s %7s %6s %8s %9s %9s %9s %9s %8s %8s %6s\n' c target "keys/s" keys errors \
+		"commits" "keys per" "WAL wri-" "WAL syncs" "WAL B" "rows ins" "rows upd" "roll-"
+	printf '%-4s %-10s %8s %7s %6s %8s %9s %9s %9s %9s %8s %8s %6s\n' "" "" "" "" "" \
+		"per key" "commit" "tes/key" "per key" "per key" "per key" "per key" "backs"
+	note "part C: waiting ${STATS_SETTLE} s for PostgreSQL's counters to settle"
+	sleep "$STATS_SETTLE"
+	before=$(pg_counters)
+	for c in $CONNS_LIST; do
+		CONNS=$c
+		for t in pgbench pg-unique; do
+			sampler_start "$TMP/waits.$c.$t"
+			res=$(measure "$t" "$DURATION") || exit 1
+			sampler_stop
+			read -r rps p50 p99 err pc sc n share <<<"$res"
+			note "part C c=$c $t: $rps keys/s, $n keys, errors $err, CPU proxy $pc / store $sc us/key;" \
+			     "waiting ${STATS_SETTLE} s"
+			sleep "$STATS_SETTLE"
+			after=$(pg_counters)
+			awk -v c="$c" -v t="$t" -v rps="$rps" -v n="$n" -v err="$err" \
+			    -v b="$before" -v a="$after" 'BEGIN {
+				split(b, x, " "); split(a, y, " ")
+				for (i = 1; i <= 8; i++) d[i] = y[i] - x[i]
+				if (n <= 0) n = 1
+				printf "%-4s %-10s %8.0f %7d %6d %8.3f %9.2f %9.3f %9.3f %9.0f %8.3f %8.3f %6d\n",
+					c, t, rps, n, err, d[1] / n, (d[1] > 0 ? n / d[1] : 0), d[7] / n,
+					d[8] / n, d[6] / n, d[3] / n, d[4] / n, d[2]
+			}'
+			before=$after
+		done
+	done
+	echo "(keys: requests wrk counted / pgbench transactions. A key is 2 statements: a claim"
+	echo " (rows ins 1) and a complete (rows upd 1). commits: pg_stat_database.xact_commit of"
+	echo " bench; pgbench runs each statement as its own implicit transaction (2 commits per key);"
+	echo " idemproxy sends what queued while its connections were busy as one pipeline = one"
+	echo " transaction. WAL writes/syncs: pg_stat_wal wal_write/wal_sync (all processes); a"
+	echo " sync is one fdatasync that group commit shares among the commits waiting for it.)"
+	echo
+	echo "== where bench's backends were during those runs (pg_stat_activity every 50 ms;"
+	echo "   average number of backends per snapshot; CPU = active with no wait event)"
+	for c in $CONNS_LIST; do
+		for t in pgbench pg-unique; do
+			awk -F'|' -v c="$c" -v t="$t" '
+			{ snap[$1] = 1; if ($3 == "active") k = $2; else k = $3 ":" $2; n[k]++ }
+			END {
+				ns = 0; for (s in snap) ns++
+				if (ns == 0) { printf "%-4s %-10s no samples\n", c, t; exit }
+				line = ""
+				# busiest first
+				while (1) {
+					best = ""; for (k in n) if (best == "" || n[k] > n[best]) best = k
+					if (best == "") break
+					line = line sprintf("  %s %.2f", best, n[best] / ns); delete n[best]
+				}
+				printf "%-4s %-10s %3d snapshots:%s\n", c, t, ns, line
+			}' "$TMP/waits.$c.$t"
+		done
+	done
+	echo "(idle:ClientRead = waiting for the client (pgbench, idemproxy); IO:WALSync = in"
+	echo " fdatasync; LWLock:WALWrite = waiting for another backend's WAL write/flush;"
+	echo " Lock:object = the cluster-wide lock a transaction that ran NOTIFY holds from its"
+	echo " pre-commit to the end of its commit, WAL flush included)"
+fi
+
 if [[ $PG == 1 ]]; then
 	echo
 	echo "== PostgreSQL after the run"
