@@ -15,10 +15,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "compiler.h"
 #include "log.h"
 #include "route.h"
-
-#define MUSTCHECK __attribute__((warn_unused_result))
 
 enum in_flight_mode {
 	IN_FLIGHT_WAIT,		/* hold duplicates until the winner settles */

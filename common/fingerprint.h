@@ -11,8 +11,9 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "compiler.h"
+
 #define FP_LEN 32
-#define MUSTCHECK __attribute__((warn_unused_result))
 
 /* Body given as n pieces (an evbuffer's chunks, peeked). Returns 0 or -1. */
 int fp_compute(const char *method, const char *target, const struct iovec *body,

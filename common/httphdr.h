@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MUSTCHECK __attribute__((warn_unused_result))
+#include "compiler.h"
 
 /* How a message body is delimited on the wire. */
 enum body_kind {

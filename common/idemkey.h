@@ -10,8 +10,9 @@
 
 #include <stddef.h>
 
+#include "compiler.h"
+
 #define IDEMKEY_MAX 255
-#define MUSTCHECK __attribute__((warn_unused_result))
 
 /*
  * Parse a header value (leading and trailing spaces or tabs are ignored)

@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define MUSTCHECK __attribute__((warn_unused_result))
+#include "compiler.h"
 
 struct config;
 

@@ -21,10 +21,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "compiler.h"
 #include "fingerprint.h"
 #include "idemkey.h"
 
-#define MUSTCHECK __attribute__((warn_unused_result))
 #define STORE_OWNER_LEN 32	/* hex of 16 random bytes */
 #define STORE_SCOPE_LEN 64	/* hex SHA-256, or "" */
 

@@ -15,9 +15,8 @@
 
 #include <stddef.h>
 
+#include "compiler.h"
 #include "store.h"
-
-#define MUSTCHECK __attribute__((warn_unused_result))
 
 /* conninfo: a postgres:// URL or key=value string (libpq's);
  * conns_per_thread: statement connections per thread, opened on demand. */

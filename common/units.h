@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MUSTCHECK __attribute__((warn_unused_result))
+#include "compiler.h"
 
 /* Parse a duration into milliseconds. Returns 0, or -1 on a bad value. */
 int units_parse_duration(const char *s, uint64_t *ms) MUSTCHECK;

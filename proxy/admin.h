@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define MUSTCHECK __attribute__((warn_unused_result))
+#include "compiler.h"
 
 struct event_base;
 struct admin;

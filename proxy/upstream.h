@@ -21,10 +21,9 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "compiler.h"
 #include "httphdr.h"
 #include "metrics.h"
-
-#define MUSTCHECK __attribute__((warn_unused_result))
 
 struct event_base;
 struct evbuffer;

@@ -13,11 +13,10 @@
 
 #include <event2/util.h>
 
+#include "compiler.h"
 #include "idem.h"
 #include "store.h"
 #include "upstream.h"
-
-#define MUSTCHECK __attribute__((warn_unused_result))
 
 struct config;
 struct conn;
