@@ -30,6 +30,16 @@ const char *problem_title(enum problem p)
 	return problems[p].title;
 }
 
+enum problem problem_upstream(enum upstream_error err, const char **detail)
+{
+	if (err == UPSTREAM_ERROR_TIMEOUT) {
+		*detail = "the upstream did not answer in time";
+		return PROBLEM_UPSTREAM_TIMEOUT;
+	}
+	*detail = "the upstream connection failed";
+	return PROBLEM_UPSTREAM_UNAVAILABLE;
+}
+
 const char *http_reason(int status)
 {
 	switch (status) {

@@ -7,6 +7,8 @@
 
 #include <stddef.h>
 
+#include "metrics.h"
+
 /*        name                  status slug                        title */
 #define PROBLEM_LIST(X) \
 	X(BAD_REQUEST,           400, "bad-request",              "Bad Request") \
@@ -42,5 +44,11 @@ const char *http_reason(int status);
  * may be NULL. Returns the body length.
  */
 size_t problem_render(enum problem p, const char *detail, char *buf, size_t len);
+
+/*
+ * The problem (502 or 504) and detail for a failed upstream exchange: one
+ * mapping, so that a stored 502 is byte for byte the live one.
+ */
+enum problem problem_upstream(enum upstream_error err, const char **detail);
 
 #endif

@@ -30,23 +30,29 @@
  * receiving side's output holds more than CONN_HIGH bytes, the sending side
  * stops reading until it falls below the low watermark.
  *
- * Keyed requests are buffered whole (BODY, up to max_body), fingerprinted,
- * and handed to the idempotency engine (idem.c) which claims the key and
- * answers through the sink at the end of this file: a replay, a problem,
- * or the winner's upstream response. The winner's exchange belongs to the
- * engine, so closing this connection never aborts it.
+ * Keyed requests are buffered whole (BODY, up to max_body), prepared for
+ * the engine by keyed.c (key, fingerprint, signature, scope, the upstream
+ * head) and handed to the idempotency engine (idem.c), which claims the key
+ * and answers through the sink below: a replay, a problem, or the winner's
+ * upstream response. The winner's exchange belongs to the engine, so
+ * closing this connection never aborts it.
+ *
+ * Who does what: conn.c is the connection (state machine, lifecycle, socket
+ * callbacks, pass-through streaming); h1.c collects heads and frames
+ * chunks for both sides; reqhead.c writes the upstream request head;
+ * reply.c writes every response the proxy makes itself; keyed.c prepares
+ * keyed requests; issue.c mints and checks issued keys.
  */
 #include "conn.h"
+#include "conn_priv.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -54,121 +60,50 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <llhttp.h>
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-#include <openssl/sha.h>
 
+#include "clock.h"
 #include "config.h"
-#include "fingerprint.h"
-#include "idem.h"
-#include "idemkey.h"
-#include "keysrc.h"
-#include "route.h"
-#include "store.h"
-#include "verify.h"
+#include "h1.h"
 #include "httphdr.h"
+#include "idem.h"
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
+#include "reply.h"
+#include "reqhead.h"
+#include "store.h"
 #include "upstream.h"
 #include "worker.h"
 
-/* Output above this pauses the side that fills it. */
-#define CONN_HIGH (256 * 1024)
-/* ... and below this resumes it. */
-#define CONN_LOW (64 * 1024)
-/* Pipelined bytes buffered while a request is in progress. */
-#define CONN_READ_HIGH (64 * 1024)
-/* After a close with unread input: how long to swallow it (lingering
- * close, so that the client reads our response instead of a reset). */
-#define CONN_LINGER_S 2
-
-enum conn_state {
-	CONN_ST_IDLE,		/* keep-alive: waiting for a request's first byte */
-	CONN_ST_READ_HEAD,	/* request line and header fields arriving */
-	CONN_ST_DECIDE,		/* head complete, parser paused, deciding */
-	CONN_ST_BODY,		/* keyed: buffering the body to fingerprint it */
-	CONN_ST_CLAIM,		/* keyed: the engine claims, waits, decides */
-	CONN_ST_FORWARD,	/* exchange with the upstream under way */
-	CONN_ST_RESPOND,	/* a response of the proxy's own is queued */
-	CONN_ST_SETTLE,		/* keyed: response out; the next request waits
-				 * until the engine has recorded the outcome */
-	CONN_ST_CLOSING,	/* flushing the output, then closing */
-	CONN_ST_LINGER,		/* write side shut, swallowing input briefly */
-	CONN_ST_CLOSED,		/* on the reap list */
-};
-
-static const char *const state_names[] = {
-	"idle", "read_head", "decide", "body", "claim", "forward", "respond",
-	"settle", "closing", "linger", "closed",
-};
-
-struct conn {
-	struct worker *w;
-	TAILQ_ENTRY(conn) link;
-	struct bufferevent *bev;
-	struct event *timer;		/* head timeout, then linger timeout */
-	struct event *kick;		/* parse pipelined input next turn */
-	struct event *flush;		/* write the output at the end of the turn */
-	enum conn_state state;
-	char peer[INET6_ADDRSTRLEN];
-	llhttp_t parser;
-
-	/* the request in progress; reset by end_request() */
-	struct config *cfg;		/* a ref held for the request */
-	struct hdrlist req;
-	char *url;
-	size_t url_len, url_cap;
-	size_t head_bytes;
-	enum problem head_problem;	/* why a parser callback failed */
-	bool head_failed;
-	int method;
-	unsigned short http_major, http_minor;
-	bool keep_alive;		/* the client allows another request */
-	enum body_kind req_body;
-	uint64_t req_remaining;		/* BODY_LENGTH */
-	bool req_done;			/* the whole request is read */
-	bool client_paused;		/* reading stopped: upstream is full */
-	bool client_eof;		/* the client half-closed after sending */
-
-	/* keyed requests (DESIGN.md §1 items 2-10, §4) */
-	const struct policy *policy;	/* the route's, or the global one */
-	const char *route;		/* its name, or NULL */
-	bool key_pending;		/* the key comes from the body */
-	struct store_op *issue_op;	/* GET /.well-known/idempotency-key */
-	bool keyed;			/* the engine decides this request */
-	char key[IDEMKEY_MAX + 1];
-	struct evbuffer *body;		/* the buffered body while BODY */
-	bool body_too_large;
-	bool expect_answered;		/* we sent 100 Continue ourselves */
-	struct idem *idem;		/* the engine's handle, or NULL */
-
-	struct upstream *up;		/* a pass-through exchange, or NULL */
-	struct timespec up_start;
-	bool retried;			/* one retry on a stale pooled connection */
-	bool resp_started;		/* final response head sent to client */
-	bool resp_chunked;		/* we chunk the body for the client */
-	bool resp_done;
-	bool close_after;		/* close once this response is out */
-	bool draining;
-	enum outcome outcome;
-};
-
 static void conn_parse(struct conn *c);
 static void pump_body(struct conn *c);
-static void decide(struct conn *c);
-static bool key_unusable(struct conn *c, bool missing);
-static void answer_upstream_error(struct conn *c, enum upstream_error err);
-static void end_request(struct conn *c);
-static void conn_close(struct conn *c, const char *reason);
 
 static const struct upstream_cbs up_cbs;
+static const llhttp_settings_t parser_settings;
+
+/* "keep_alive|req_done" for logs. */
+static const char *conn_flags_str(unsigned flags, char *buf, size_t len)
+{
+	static const char *const names[] = {
+#define X(name, label) label,
+		CONN_FLAG_LIST(X)
+#undef X
+	};
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if ((flags >> i) & 1)
+			used += (size_t)snprintf(buf + used, used < len ? len - used : 0,
+						 "%s%s", used ? "|" : "", names[i]);
+	return buf;
+}
 
 /*
  * All state changes go through here. The table lists what may follow what;
  * anything else is a bug in this file.
  */
-static void conn_set_state(struct conn *c, enum conn_state next)
+void conn_set_state(struct conn *c, enum conn_state next)
 {
 	static const unsigned legal[] = {
 		[CONN_ST_IDLE] = 1u << CONN_ST_READ_HEAD | 1u << CONN_ST_RESPOND |
@@ -198,65 +133,48 @@ static void conn_set_state(struct conn *c, enum conn_state next)
 	c->state = next;
 }
 
-static void set_read_timeout(struct conn *c, uint64_t ms)
+void conn_read_timeout(struct conn *c, uint64_t ms)
 {
-	struct timeval rd = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
-	uint64_t wms = c->w->cfg->idle_timeout_ms;
-	struct timeval wr = { (time_t)(wms / 1000), (suseconds_t)(wms % 1000) * 1000 };
+	struct timeval rd = clock_tv(ms);
+	struct timeval wr = clock_tv(c->w->cfg->idle_timeout_ms);
 
 	bufferevent_set_timeouts(c->bev, ms ? &rd : NULL, &wr);
 }
 
-static double elapsed_since(const struct timespec *t0)
+/* How the connection goes on after the response being written. */
+struct reply_conn conn_reply_conn(const struct conn *c)
 {
-	struct timespec now;
+	struct reply_conn rc = { cf_has(c, CF(CLOSE_AFTER)), c->http_minor == 0 };
 
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (double)(now.tv_sec - t0->tv_sec) +
-	       (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
+	return rc;
 }
 
 /* ---- responses of our own ------------------------------------------- */
 
 /*
- * Answer the current request with a problem document. `close` forces
- * Connection: close; so does a request whose body was not read in full.
- */
-/*
- * Queue the problem response; returns false when the connection was cut
- * instead (a response was already under way).
+ * Queue a problem response; `close` forces Connection: close, and so does
+ * a request whose body was not read in full. Returns false when the
+ * connection was cut instead (a response was already under way).
  */
 static bool write_problem(struct conn *c, enum problem p, const char *detail,
 			  bool close)
 {
-	struct evbuffer *out = bufferevent_get_output(c->bev);
-	char body[1024];
-	size_t len = problem_render(p, detail, body, sizeof(body));
-	int status = problem_status(p);
-
-	if (c->up != NULL) {
+	if (c->mode == CONN_MODE_PASS && c->up != NULL) {
 		upstream_abort(c->up);
 		c->up = NULL;
 	}
-	if (close || !c->req_done || !c->keep_alive || c->draining)
-		c->close_after = true;
-	if (c->resp_started) {
+	if (close || !cf_has(c, CF(REQ_DONE)) || !cf_has(c, CF(KEEP_ALIVE)) ||
+	    c->draining)
+		cf_set(c, CF(CLOSE_AFTER));
+	if (cf_has(c, CF(RESP_STARTED))) {
 		/* The client already has part of another response: all we
 		 * can do is cut the connection. */
 		conn_close(c, problem_slug(p));
 		return false;
 	}
-	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n"
-			    "Content-Type: application/problem+json\r\n"
-			    "Content-Length: %zu\r\n%s%s\r\n",
-			    status, http_reason(status), len,
-			    (status == 503 || p == PROBLEM_IN_PROGRESS) ?
-				    "Retry-After: 1\r\n" : "",
-			    c->close_after ? "Connection: close\r\n" : "");
-	evbuffer_add(out, body, len);
-	log_debug("conn %s: %d %s", c->peer, status, problem_slug(p));
-	c->resp_started = true;
-	c->resp_done = true;
+	reply_problem(bufferevent_get_output(c->bev), p, detail, conn_reply_conn(c));
+	log_debug("conn %s: %d %s", c->peer, problem_status(p), problem_slug(p));
+	cf_set(c, CF(RESP_STARTED));
 	conn_set_state(c, CONN_ST_RESPOND);
 	return true;
 }
@@ -265,7 +183,15 @@ static void respond_problem(struct conn *c, enum problem p, const char *detail,
 			    bool close)
 {
 	if (write_problem(c, p, detail, close))
-		end_request(c);
+		conn_end_request(c);
+}
+
+/* Answer with a problem and count the request's outcome. */
+void conn_answer(struct conn *c, enum problem p, const char *detail,
+		   enum outcome o, bool close)
+{
+	c->outcome = o;
+	respond_problem(c, p, detail, close);
 }
 
 /* A request that never became one: bad syntax, too large, too slow. */
@@ -274,8 +200,17 @@ static void refuse(struct conn *c, enum problem p, enum client_error e,
 {
 	metrics_client_error(e);
 	c->method = -1;		/* not counted as a request */
-	c->req_done = false;	/* forces the close */
+	cf_clr(c, CF(REQ_DONE));	/* forces the close */
 	respond_problem(c, p, detail, true);
+}
+
+/* 502 or 504 for a failed exchange; false when the connection was cut. */
+bool conn_upstream_error(struct conn *c, enum upstream_error err)
+{
+	const char *detail;
+	enum problem p = problem_upstream(err, &detail);
+
+	return write_problem(c, p, detail, false);
 }
 
 /* ---- lifecycle --------------------------------------------------------- */
@@ -285,7 +220,7 @@ static void refuse(struct conn *c, enum problem p, enum client_error e,
  * sending (a body we refused) reads our response rather than a reset. */
 static void start_linger(struct conn *c)
 {
-	struct timeval tv = { CONN_LINGER_S, 0 };
+	struct timeval tv = clock_tv(CONN_LINGER_MS);
 	evutil_socket_t fd = bufferevent_getfd(c->bev);
 
 	conn_set_state(c, CONN_ST_LINGER);
@@ -313,29 +248,47 @@ static void start_closing(struct conn *c)
 		bufferevent_enable(c->bev, EV_WRITE);	/* write_cb lingers */
 }
 
+/* Let go of whoever serves the request: abort a pass-through exchange,
+ * cancel an issue, detach from the engine (a winner goes on without us). */
+static void drop_mode(struct conn *c)
+{
+	switch (c->mode) {
+	case CONN_MODE_PASS:
+		if (c->up != NULL)
+			upstream_abort(c->up);
+		c->up = NULL;
+		break;
+	case CONN_MODE_KEYED:
+		if (c->idem != NULL)
+			idem_detach(c->idem);
+		c->idem = NULL;
+		break;
+	case CONN_MODE_ISSUE:
+		if (c->issue_op != NULL)
+			store_cancel(c->issue_op);
+		c->issue_op = NULL;
+		break;
+	case CONN_MODE_NONE:
+		break;
+	}
+	c->mode = CONN_MODE_NONE;
+}
+
 /*
  * Close now and put the connection on the reap list: the memory is freed on
  * the next loop turn, after every callback that might still look at it has
  * returned.
  */
-static void conn_close(struct conn *c, const char *reason)
+void conn_close(struct conn *c, const char *reason)
 {
+	char flags[160];
+
 	if (c->state == CONN_ST_CLOSED)
 		return;
-	log_debug("conn %s: close (%s) in %s", c->peer, reason,
-		  state_names[c->state]);
-	if (c->up != NULL) {
-		upstream_abort(c->up);
-		c->up = NULL;
-	}
-	if (c->idem != NULL) {
-		idem_detach(c->idem);	/* a winner goes on without us */
-		c->idem = NULL;
-	}
-	if (c->issue_op != NULL) {
-		store_cancel(c->issue_op);
-		c->issue_op = NULL;
-	}
+	log_debug("conn %s: close (%s) in %s [%s]", c->peer, reason,
+		  state_names[c->state],
+		  conn_flags_str(c->flags, flags, sizeof(flags)));
+	drop_mode(c);
 	evtimer_del(c->timer);
 	event_del(c->kick);
 	event_del(c->flush);
@@ -361,10 +314,9 @@ void conn_free(struct conn *c)
 	event_free(c->timer);
 	event_free(c->kick);
 	event_free(c->flush);
-	hdrlist_free(&c->req);
+	h1_head_free(&c->head);
 	if (c->body != NULL)
 		evbuffer_free(c->body);
-	free(c->url);
 	free(c);
 	metrics_gauge_add(GAUGE_connections, -1);
 }
@@ -376,35 +328,19 @@ static void reset_request(struct conn *c)
 		config_unref(c->cfg);
 		c->cfg = NULL;
 	}
-	hdrlist_reset(&c->req);
-	if (c->url_cap > 1024) {
-		free(c->url);
-		c->url = NULL;
-		c->url_cap = 0;
-	}
-	c->url_len = 0;
-	c->head_bytes = 0;
-	c->head_failed = false;
+	h1_head_reset(&c->head, c->w->cfg->max_header_size);
+	c->flags = 0;
+	c->mode = CONN_MODE_NONE;
 	c->req_body = BODY_NONE;
-	c->req_remaining = 0;
-	c->req_done = false;
-	c->client_paused = false;
-	c->retried = false;
-	c->resp_started = false;
-	c->resp_chunked = false;
-	c->resp_done = false;
+	c->req_length = c->req_remaining = 0;
 	c->outcome = OUTCOME_PASSTHROUGH;
-	c->keyed = false;
 	c->policy = NULL;
-	c->route = NULL;
-	c->key_pending = false;
-	c->body_too_large = false;
-	c->expect_answered = false;
+	c->key.pending = false;
 	if (c->body != NULL) {
 		evbuffer_free(c->body);
 		c->body = NULL;
 	}
-	llhttp_init(&c->parser, HTTP_REQUEST, c->parser.settings);
+	llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
 	c->parser.data = c;
 }
 
@@ -413,25 +349,23 @@ static void reset_request(struct conn *c)
  * answered by the proxy. Count it, then either wait for the next request or
  * close.
  */
-static void end_request(struct conn *c)
+void conn_end_request(struct conn *c)
 {
-	if (c->idem != NULL) {
-		/* closing: the engine records the outcome on its own */
-		idem_detach(c->idem);
-		c->idem = NULL;
-	}
+	bool close = cf_has(c, CF(CLOSE_AFTER)) || cf_has(c, CF(CLIENT_EOF)) ||
+		     c->draining;
+
+	drop_mode(c);		/* an engine still working records on its own */
 	if (c->method >= 0)
 		metrics_outcome(c->outcome);
 	c->method = -1;
-	if (c->close_after || c->client_eof || c->draining) {
-		reset_request(c);
+	reset_request(c);
+	if (close) {
 		start_closing(c);
 		return;
 	}
-	reset_request(c);
 	conn_set_state(c, CONN_ST_IDLE);
 	bufferevent_enable(c->bev, EV_READ);
-	set_read_timeout(c, c->w->cfg->idle_timeout_ms);
+	conn_read_timeout(c, c->w->cfg->idle_timeout_ms);
 	/* Pipelined requests are parsed on the next loop turn (kick_cb), not
 	 * here: we may be deep inside an upstream callback. */
 	if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
@@ -452,80 +386,38 @@ void conn_abort(struct conn *c)
 
 /* ---- request parsing ----------------------------------------------------- */
 
-static bool head_grow(struct conn *c, size_t len)
-{
-	c->head_bytes += len;
-	if (c->head_bytes > c->cfg->max_header_size) {
-		c->head_problem = PROBLEM_HEADERS_TOO_LARGE;
-		c->head_failed = true;
-		return false;
-	}
-	return true;
-}
-
 static int on_message_begin(llhttp_t *p)
 {
 	struct conn *c = p->data;
-	uint64_t ms;
 	struct timeval tv;
 
 	conn_set_state(c, CONN_ST_READ_HEAD);
 	c->cfg = config_ref(c->w->cfg);
-	ms = c->cfg->client_timeout_ms;
-	tv.tv_sec = (time_t)(ms / 1000);
-	tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
-	set_read_timeout(c, 0);
+	c->head.max = c->cfg->max_header_size;
+	tv = clock_tv(c->cfg->client_timeout_ms);
+	conn_read_timeout(c, 0);
 	evtimer_add(c->timer, &tv);
 	return 0;
 }
 
 static int on_url(llhttp_t *p, const char *at, size_t len)
 {
-	struct conn *c = p->data;
-
-	if (!head_grow(c, len))
-		return -1;
-	if (c->url_len + len + 1 > c->url_cap) {
-		size_t cap = c->url_cap ? c->url_cap : 128;
-		char *u;
-
-		while (cap < c->url_len + len + 1)
-			cap *= 2;
-		u = realloc(c->url, cap);
-		if (u == NULL)
-			return -1;
-		c->url = u;
-		c->url_cap = cap;
-	}
-	memcpy(c->url + c->url_len, at, len);
-	c->url_len += len;
-	c->url[c->url_len] = '\0';
-	return 0;
+	return h1_head_target(&((struct conn *)p->data)->head, at, len);
 }
 
 static int on_header_field(llhttp_t *p, const char *at, size_t len)
 {
-	struct conn *c = p->data;
-
-	if (!head_grow(c, len) || hdrlist_add_name(&c->req, at, len) < 0)
-		return -1;
-	return 0;
+	return h1_head_name(&((struct conn *)p->data)->head, at, len);
 }
 
 static int on_header_value(llhttp_t *p, const char *at, size_t len)
 {
-	struct conn *c = p->data;
-
-	if (!head_grow(c, len) || hdrlist_add_value(&c->req, at, len) < 0)
-		return -1;
-	return 0;
+	return h1_head_value(&((struct conn *)p->data)->head, at, len);
 }
 
 static int on_header_value_complete(llhttp_t *p)
 {
-	struct conn *c = p->data;
-
-	return hdrlist_end_field(&c->req) < 0 ? -1 : 0;
+	return h1_head_end_field(&((struct conn *)p->data)->head);
 }
 
 static int on_headers_complete(llhttp_t *p)
@@ -538,22 +430,17 @@ static int on_headers_complete(llhttp_t *p)
 static int on_body(llhttp_t *p, const char *at, size_t len)
 {
 	struct conn *c = p->data;
-	struct evbuffer *out;
 
 	if (c->state == CONN_ST_BODY) {
 		if (evbuffer_get_length(c->body) + len > c->policy->max_body) {
-			c->body_too_large = true;
+			cf_set(c, CF(BODY_TOO_LARGE));
 			return -1;
 		}
 		return evbuffer_add(c->body, at, len) < 0 ? -1 : 0;
 	}
-	if (c->up == NULL)
-		return 0;	/* answered already; swallow the rest */
-	out = upstream_output(c->up);
-	if (evbuffer_add_printf(out, "%zx\r\n", len) < 0 ||
-	    evbuffer_add(out, at, len) < 0 || evbuffer_add(out, "\r\n", 2) < 0)
-		return -1;
-	return 0;
+	if (c->mode == CONN_MODE_PASS && c->up != NULL)
+		h1_chunk(upstream_output(c->up), at, len);
+	return 0;	/* else answered already; swallow the rest */
 }
 
 static int on_message_complete(llhttp_t *p)
@@ -572,12 +459,30 @@ static const llhttp_settings_t parser_settings = {
 	.on_message_complete = on_message_complete,
 };
 
+/* llhttp refused the input: say why. */
+static void parse_failed(struct conn *c)
+{
+	char detail[160];
+
+	if (cf_has(c, CF(BODY_TOO_LARGE))) {
+		conn_answer(c, PROBLEM_BODY_TOO_LARGE, "the request body is larger "
+		       "than max_body", OUTCOME_TOO_LARGE, true);
+	} else if (c->head.too_large) {
+		refuse(c, PROBLEM_HEADERS_TOO_LARGE, CLIENT_ERROR_HEADERS_TOO_LARGE,
+		       "the request head is larger than max_header_size");
+	} else {
+		snprintf(detail, sizeof(detail), "malformed request: %s",
+			 llhttp_get_error_reason(&c->parser));
+		refuse(c, PROBLEM_BAD_REQUEST, CLIENT_ERROR_BAD_REQUEST, detail);
+	}
+}
+
 /*
  * Run llhttp over the buffered input until it pauses (end of head, end of a
  * chunked body), fails, or the input runs out. Returns 1 when paused, 0 when
  * more input is needed, -1 after answering a parse error.
  */
-static int feed_parser(struct conn *c)
+int conn_feed_parser(struct conn *c)
 {
 	struct evbuffer *in = bufferevent_get_input(c->bev);
 
@@ -600,126 +505,14 @@ static int feed_parser(struct conn *c)
 			evbuffer_drain(in, used);
 			return 1;
 		default:
-			if (c->body_too_large) {
-				c->outcome = OUTCOME_TOO_LARGE;
-				respond_problem(c, PROBLEM_BODY_TOO_LARGE,
-						"the request body is larger than max_body",
-						true);
-			} else if (c->head_failed) {
-				refuse(c, c->head_problem,
-				       CLIENT_ERROR_HEADERS_TOO_LARGE,
-				       "the request head is larger than max_header_size");
-			} else {
-				char detail[160];
-
-				snprintf(detail, sizeof(detail), "malformed request: %s",
-					 llhttp_get_error_reason(&c->parser));
-				refuse(c, PROBLEM_BAD_REQUEST,
-				       CLIENT_ERROR_BAD_REQUEST, detail);
-			}
+			parse_failed(c);
 			return -1;
 		}
 	}
 	return 0;
 }
 
-/* ---- forwarding ---------------------------------------------------------- */
-
-static void write_forwarded_for(struct conn *c, struct evbuffer *out)
-{
-	const struct hdrlist *h = &c->req;
-	bool first = true;
-
-	evbuffer_add(out, "X-Forwarded-For: ", 17);
-	for (int i = hdrlist_find(h, "x-forwarded-for", 0); i >= 0;
-	     i = hdrlist_find(h, "x-forwarded-for", (uint32_t)i + 1)) {
-		if (h->v[i].value_len == 0)
-			continue;
-		if (!first)
-			evbuffer_add(out, ", ", 2);
-		evbuffer_add(out, hdr_value(h, (uint32_t)i), h->v[i].value_len);
-		first = false;
-	}
-	evbuffer_add_printf(out, "%s%s\r\n", first ? "" : ", ", c->peer);
-}
-
-/* The request-target in origin form, or NULL when it cannot be forwarded.
- * An absolute-form target ("http://host/path") is cut to its path. */
-static const char *origin_target(struct conn *c)
-{
-	const char *t = c->url;
-
-	if (t == NULL)
-		return NULL;
-	if (t[0] == '/')
-		return t;
-	if (strcmp(t, "*") == 0 && c->method == HTTP_OPTIONS)
-		return t;
-	if (strncasecmp(t, "http://", 7) == 0) {
-		const char *path = strchr(t + 7, '/');
-
-		return path != NULL ? path : "/";
-	}
-	return NULL;
-}
-
-/*
- * Write the request head for the upstream into out. A keyed request goes
- * with its buffered body: Content-Length body_len, and no Expect (the proxy
- * answered it).
- */
-static void write_request_head(struct conn *c, struct evbuffer *out,
-			       const char *target, bool keyed, size_t body_len)
-{
-	const struct hdrlist *h = &c->req;
-	int host = hdrlist_find(h, "host", 0);
-
-	evbuffer_add_printf(out, "%s %s%s HTTP/1.1\r\n",
-			    llhttp_method_name((llhttp_method_t)c->method),
-			    c->cfg->upstream_prefix,
-			    strcmp(target, "*") == 0 && c->cfg->upstream_prefix[0] ?
-				    "" : target);
-	for (uint32_t i = 0; i < h->n; i++) {
-		if (httphdr_drop_on_forward(h, i) ||
-		    (h->v[i].name_len == 15 &&
-		     strcasecmp(hdr_name(h, i), "x-forwarded-for") == 0) ||
-		    (keyed && h->v[i].name_len == 6 &&
-		     strcasecmp(hdr_name(h, i), "expect") == 0))
-			continue;
-		evbuffer_add(out, hdr_name(h, i), h->v[i].name_len);
-		evbuffer_add(out, ": ", 2);
-		evbuffer_add(out, hdr_value(h, i), h->v[i].value_len);
-		evbuffer_add(out, "\r\n", 2);
-	}
-	if (host < 0)
-		evbuffer_add_printf(out, "Host: %s:%s\r\n",
-				    c->cfg->upstream_hp.host, c->cfg->upstream_hp.port);
-	write_forwarded_for(c, out);
-	if (hdrlist_find(h, "x-forwarded-proto", 0) < 0)
-		evbuffer_add(out, "X-Forwarded-Proto: http\r\n", 25);
-	if (host >= 0 && hdrlist_find(h, "x-forwarded-host", 0) < 0)
-		evbuffer_add_printf(out, "X-Forwarded-Host: %s\r\n",
-				    hdr_value(h, (uint32_t)host));
-	if (keyed) {
-		if (c->req_body != BODY_NONE)
-			evbuffer_add_printf(out, "Content-Length: %zu\r\n", body_len);
-		evbuffer_add(out, "\r\n", 2);
-		return;
-	}
-	switch (c->req_body) {
-	case BODY_LENGTH:
-		/* called before pump_body moved anything: the full length */
-		evbuffer_add_printf(out, "Content-Length: %llu\r\n",
-				    (unsigned long long)c->req_remaining);
-		break;
-	case BODY_CHUNKED:
-		evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
-		break;
-	default:
-		break;
-	}
-	evbuffer_add(out, "\r\n", 2);
-}
+/* ---- pass-through -------------------------------------------------------- */
 
 static bool idempotent_method(int method)
 {
@@ -730,25 +523,31 @@ static bool idempotent_method(int method)
 /* Open the exchange and send the head; the body follows in pump_body. */
 static int start_exchange(struct conn *c, bool fresh)
 {
-	const char *target = origin_target(c);
+	struct reqhead rh = {
+		.method = c->method,
+		.target = reqhead_origin_target(c->head.target, c->method),
+		.fields = &c->head.fields, .peer = c->peer, .cfg = c->cfg,
+		.body = c->req_body, .length = c->req_length,
+	};
 
 	c->up = upstream_acquire(c->w->pool, &up_cbs, c,
 				 c->cfg->upstream_timeout_ms,
 				 c->method == HTTP_HEAD, fresh);
 	if (c->up == NULL)
 		return -1;
-	clock_gettime(CLOCK_MONOTONIC, &c->up_start);
-	write_request_head(c, upstream_output(c->up), target, false, 0);
+	c->mode = CONN_MODE_PASS;
+	c->up_start_ms = clock_ms();
+	reqhead_write(upstream_output(c->up), &rh);
 	return 0;
 }
 
 /* The whole request has been read and queued for the upstream. */
 static void request_complete(struct conn *c)
 {
-	c->req_done = true;
-	set_read_timeout(c, 0);
-	if (c->client_paused) {
-		c->client_paused = false;
+	cf_set(c, CF(REQ_DONE));
+	conn_read_timeout(c, 0);
+	if (cf_has(c, CF(CLIENT_PAUSED))) {
+		cf_clr(c, CF(CLIENT_PAUSED));
 		bufferevent_enable(c->bev, EV_READ);
 	}
 	if (c->up != NULL)
@@ -763,7 +562,7 @@ static void pump_body(struct conn *c)
 {
 	struct evbuffer *in = bufferevent_get_input(c->bev);
 
-	if (c->req_done || c->state != CONN_ST_FORWARD || c->up == NULL)
+	if (cf_has(c, CF(REQ_DONE)) || c->state != CONN_ST_FORWARD || c->up == NULL)
 		return;
 	if (c->req_body == BODY_LENGTH) {
 		size_t n = evbuffer_get_length(in);
@@ -778,25 +577,25 @@ static void pump_body(struct conn *c)
 			return;
 		}
 	} else {
-		int rc = feed_parser(c);
+		int rc = conn_feed_parser(c);
 
 		if (rc < 0)
 			return;
 		if (rc == 1) {
-			evbuffer_add(upstream_output(c->up), "0\r\n\r\n", 5);
+			h1_last_chunk(upstream_output(c->up));
 			request_complete(c);
 			return;
 		}
 	}
 	if (c->up != NULL && upstream_output_pending(c->up) > CONN_HIGH &&
-	    !c->client_paused) {
-		c->client_paused = true;
+	    !cf_has(c, CF(CLIENT_PAUSED))) {
+		cf_set(c, CF(CLIENT_PAUSED));
 		bufferevent_disable(c->bev, EV_READ);
 	}
 }
 
 /* Forward the request as it is (DESIGN.md §1 item 1). */
-static void conn_forward(struct conn *c)
+void conn_forward(struct conn *c)
 {
 	conn_set_state(c, CONN_ST_FORWARD);
 	if (start_exchange(c, false) < 0) {
@@ -809,28 +608,34 @@ static void conn_forward(struct conn *c)
 		request_complete(c);
 		return;
 	}
-	set_read_timeout(c, c->cfg->client_timeout_ms);
+	conn_read_timeout(c, c->cfg->client_timeout_ms);
 	if (c->req_body == BODY_CHUNKED)
 		llhttp_resume(&c->parser);
 	pump_body(c);
 }
 
-/* Is the request's Connection field asking for keep-alive? */
-static bool request_keep_alive(struct conn *c)
-{
-	const struct hdrlist *h = &c->req;
-	bool keep = c->http_major == 1 && c->http_minor >= 1;
+/* ---- the head ------------------------------------------------------------ */
 
-	for (int i = hdrlist_find(h, "connection", 0); i >= 0;
-	     i = hdrlist_find(h, "connection", (uint32_t)i + 1)) {
-		if (httphdr_list_has(hdr_value(h, (uint32_t)i),
-				     h->v[i].value_len, "close"))
-			return false;
-		if (httphdr_list_has(hdr_value(h, (uint32_t)i),
-				     h->v[i].value_len, "keep-alive"))
-			keep = true;
+/* What llhttp leaves to us: a request we refuse before deciding. NULL when
+ * it is fine. */
+static const char *head_unacceptable(struct conn *c, enum problem *p)
+{
+	const struct hdrlist *f = &c->head.fields;
+	int host = hdrlist_find(f, "host", 0);
+
+	*p = PROBLEM_BAD_REQUEST;
+	if (httphdr_validate(f) < 0)
+		return "malformed header field";
+	if ((host >= 0 && hdrlist_find(f, "host", (uint32_t)host + 1) >= 0) ||
+	    (host < 0 && c->http_minor >= 1))
+		return "a request needs exactly one Host field";
+	if (c->method == HTTP_CONNECT) {
+		*p = PROBLEM_NOT_IMPLEMENTED;
+		return "CONNECT is not supported";
 	}
-	return keep;
+	if (reqhead_origin_target(c->head.target, c->method) == NULL)
+		return "unsupported request-target form";
+	return NULL;
 }
 
 /*
@@ -840,42 +645,26 @@ static bool request_keep_alive(struct conn *c)
 static void head_complete(struct conn *c)
 {
 	llhttp_t *p = &c->parser;
-	int host;
+	enum problem prob;
+	const char *why;
 
 	evtimer_del(c->timer);
 	conn_set_state(c, CONN_ST_DECIDE);
 	c->method = p->method;
 	c->http_major = p->http_major;
 	c->http_minor = p->http_minor;
-	c->keep_alive = request_keep_alive(c);
-
-	if (httphdr_validate(&c->req) < 0) {
-		refuse(c, PROBLEM_BAD_REQUEST, CLIENT_ERROR_BAD_REQUEST,
-		       "malformed header field");
-		return;
-	}
-	host = hdrlist_find(&c->req, "host", 0);
-	if ((host >= 0 && hdrlist_find(&c->req, "host", (uint32_t)host + 1) >= 0) ||
-	    (host < 0 && c->http_minor >= 1)) {
-		refuse(c, PROBLEM_BAD_REQUEST, CLIENT_ERROR_BAD_REQUEST,
-		       "a request needs exactly one Host field");
-		return;
-	}
-	if (c->method == HTTP_CONNECT) {
-		refuse(c, PROBLEM_NOT_IMPLEMENTED, CLIENT_ERROR_BAD_REQUEST,
-		       "CONNECT is not supported");
-		return;
-	}
-	if (origin_target(c) == NULL) {
-		refuse(c, PROBLEM_BAD_REQUEST, CLIENT_ERROR_BAD_REQUEST,
-		       "unsupported request-target form");
+	if (h1_keep_alive(&c->head.fields, c->http_major, c->http_minor))
+		cf_set(c, CF(KEEP_ALIVE));
+	why = head_unacceptable(c, &prob);
+	if (why != NULL) {
+		refuse(c, prob, CLIENT_ERROR_BAD_REQUEST, why);
 		return;
 	}
 	if (p->flags & F_CHUNKED) {
 		c->req_body = BODY_CHUNKED;
 	} else if (p->flags & F_CONTENT_LENGTH) {
 		c->req_body = BODY_LENGTH;
-		c->req_remaining = p->content_length;
+		c->req_length = c->req_remaining = p->content_length;
 	} else {
 		c->req_body = BODY_NONE;
 	}
@@ -885,14 +674,14 @@ static void head_complete(struct conn *c)
 		llhttp_init(p, HTTP_REQUEST, &parser_settings);
 		p->data = c;
 	}
-	decide(c);
+	conn_keyed_decide(c);
 }
 
 /* Parse what the client sent while no exchange is in progress. */
 static void conn_parse(struct conn *c)
 {
 	while (c->state == CONN_ST_IDLE || c->state == CONN_ST_READ_HEAD) {
-		int rc = feed_parser(c);
+		int rc = conn_feed_parser(c);
 
 		if (rc <= 0)
 			return;
@@ -905,87 +694,60 @@ static void conn_parse(struct conn *c)
 	}
 }
 
-/* ---- upstream callbacks ---------------------------------------------- */
+/* ---- the client side of a response from the upstream ------------------- */
 
 /* Write a response head (interim or final) from the upstream. */
-static void client_head(struct conn *c, const struct upstream_resp *r)
+void conn_client_head(struct conn *c, const struct upstream_resp *r)
 {
-	struct evbuffer *out = bufferevent_get_output(c->bev);
-	const struct hdrlist *h = r->headers;
 	bool interim = r->status < 200;
 	bool keep_cl = c->method == HTTP_HEAD || r->status == 304;
 
-	if (interim && (c->http_minor == 0 || c->resp_started))
+	if (interim && (c->http_minor == 0 || cf_has(c, CF(RESP_STARTED))))
 		return;		/* HTTP/1.0 clients get no 1xx */
 	if (!interim) {
-		if (!c->req_done || !c->keep_alive || c->draining)
-			c->close_after = true;
+		if (!cf_has(c, CF(REQ_DONE)) || !cf_has(c, CF(KEEP_ALIVE)) || c->draining)
+			cf_set(c, CF(CLOSE_AFTER));
 		if (r->body == BODY_CHUNKED || r->body == BODY_EOF) {
 			if (c->http_minor >= 1)
-				c->resp_chunked = true;
+				cf_set(c, CF(RESP_CHUNKED));
 			else
-				c->close_after = true;
+				cf_set(c, CF(CLOSE_AFTER));
 		}
-		c->resp_started = true;
+		cf_set(c, CF(RESP_STARTED));
 	}
-	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", r->status,
-			    http_reason(r->status));
-	for (uint32_t i = 0; i < h->n; i++) {
-		bool is_cl = h->v[i].name_len == 14 &&
-			     strcasecmp(hdr_name(h, i), "content-length") == 0;
-
-		if (httphdr_drop_on_forward(h, i) && !(is_cl && keep_cl))
-			continue;
-		evbuffer_add(out, hdr_name(h, i), h->v[i].name_len);
-		evbuffer_add(out, ": ", 2);
-		evbuffer_add(out, hdr_value(h, i), h->v[i].value_len);
-		evbuffer_add(out, "\r\n", 2);
-	}
-	if (!interim) {
-		if (r->body == BODY_LENGTH)
-			evbuffer_add_printf(out, "Content-Length: %llu\r\n",
-					    (unsigned long long)r->content_length);
-		else if (c->resp_chunked)
-			evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
-		if (c->close_after)
-			evbuffer_add(out, "Connection: close\r\n", 19);
-		else if (c->http_minor == 0)
-			evbuffer_add(out, "Connection: keep-alive\r\n", 24);
-	}
-	evbuffer_add(out, "\r\n", 2);
+	reply_relay_head(bufferevent_get_output(c->bev), r, keep_cl,
+			 cf_has(c, CF(RESP_CHUNKED)), conn_reply_conn(c));
 }
 
 /* Move len body bytes to the client. Returns true when its output is
  * full and the upstream should stop reading. */
-static bool client_body(struct conn *c, struct evbuffer *src, size_t len)
+bool conn_client_body(struct conn *c, struct evbuffer *src, size_t len)
 {
 	struct evbuffer *out = bufferevent_get_output(c->bev);
 
-	if (c->resp_chunked)
-		evbuffer_add_printf(out, "%zx\r\n", len);
-	evbuffer_remove_buffer(src, out, len);
-	if (c->resp_chunked)
-		evbuffer_add(out, "\r\n", 2);
+	if (cf_has(c, CF(RESP_CHUNKED)))
+		h1_chunk_move(out, src, len);
+	else
+		evbuffer_remove_buffer(src, out, len);
 	return evbuffer_get_length(out) > CONN_HIGH;
 }
 
-static void client_done(struct conn *c)
+void conn_client_done(struct conn *c)
 {
-	if (c->resp_chunked)
-		evbuffer_add(bufferevent_get_output(c->bev), "0\r\n\r\n", 5);
-	c->resp_done = true;
+	if (cf_has(c, CF(RESP_CHUNKED)))
+		h1_last_chunk(bufferevent_get_output(c->bev));
 }
 
 static void up_on_head(void *arg, const struct upstream_resp *r)
 {
-	client_head(arg, r);
+	conn_client_head(arg, r);
 }
 
 static void up_on_body(void *arg, struct evbuffer *src, size_t len)
 {
 	struct conn *c = arg;
 
-	if (client_body(c, src, len))
+	if (conn_client_body(c, src, len))
 		upstream_pause_read(c->up, true);
 }
 
@@ -993,20 +755,19 @@ static void up_on_done(void *arg)
 {
 	struct conn *c = arg;
 
-	client_done(c);
-	metrics_observe(HISTOGRAM_upstream_seconds, elapsed_since(&c->up_start));
-	if (!c->req_done) {
+	conn_client_done(c);
+	metrics_observe(HISTOGRAM_upstream_seconds,
+			(double)(clock_ms() - c->up_start_ms) / 1e3);
+	if (!cf_has(c, CF(REQ_DONE))) {
 		/* The upstream answered before reading the whole body. The
 		 * connection cannot carry another request. */
 		upstream_abort(c->up);
-		c->up = NULL;
-		c->close_after = true;
-		end_request(c);
-		return;
+		cf_set(c, CF(CLOSE_AFTER));
+	} else {
+		upstream_release(c->up);
 	}
-	upstream_release(c->up);
 	c->up = NULL;
-	end_request(c);
+	conn_end_request(c);
 }
 
 static void up_on_error(void *arg, enum upstream_error err, bool retryable)
@@ -1014,11 +775,11 @@ static void up_on_error(void *arg, enum upstream_error err, bool retryable)
 	struct conn *c = arg;
 
 	c->up = NULL;
-	if (retryable && !c->retried && !c->resp_started &&
+	if (retryable && !cf_has(c, CF(RETRIED)) && !cf_has(c, CF(RESP_STARTED)) &&
 	    c->req_body == BODY_NONE && idempotent_method(c->method)) {
 		/* A pooled connection the upstream had closed: nothing was
 		 * executed, and a request without a body can be sent again. */
-		c->retried = true;
+		cf_set(c, CF(RETRIED));
 		if (start_exchange(c, true) == 0) {
 			upstream_request_sent(c->up);
 			return;
@@ -1026,28 +787,18 @@ static void up_on_error(void *arg, enum upstream_error err, bool retryable)
 	}
 	log_warn("conn %s: upstream %s on %s %s", c->peer,
 		 upstream_error_name(err),
-		 llhttp_method_name((llhttp_method_t)c->method), c->url);
-	answer_upstream_error(c, err);
-}
-
-/* 502 or 504 for a failed exchange (or a cut connection mid-response). */
-static void answer_upstream_error(struct conn *c, enum upstream_error err)
-{
-	if (err == UPSTREAM_ERROR_TIMEOUT)
-		respond_problem(c, PROBLEM_UPSTREAM_TIMEOUT,
-				"the upstream did not answer in time", false);
-	else
-		respond_problem(c, PROBLEM_UPSTREAM_UNAVAILABLE,
-				"the upstream connection failed", false);
+		 llhttp_method_name((llhttp_method_t)c->method), c->head.target);
+	if (conn_upstream_error(c, err))
+		conn_end_request(c);
 }
 
 static void up_on_drain(void *arg)
 {
 	struct conn *c = arg;
 
-	if (!c->client_paused)
+	if (!cf_has(c, CF(CLIENT_PAUSED)))
 		return;
-	c->client_paused = false;
+	cf_clr(c, CF(CLIENT_PAUSED));
 	bufferevent_enable(c->bev, EV_READ);
 	pump_body(c);
 }
@@ -1059,550 +810,6 @@ static const struct upstream_cbs up_cbs = {
 	.on_error = up_on_error,
 	.on_drain = up_on_drain,
 };
-
-/* ---- keyed requests: the idempotency engine's client side -------------- */
-
-/* Answer with a problem and count the request's outcome. */
-static void answer(struct conn *c, enum problem p, const char *detail,
-		   enum outcome o)
-{
-	c->outcome = o;
-	respond_problem(c, p, detail, false);
-}
-
-/* evbuffer_add_reference's cleanup: the replay has been written out. */
-static void unref_stored(const void *data, size_t len, void *extra)
-{
-	stored_response_unref(extra);
-}
-
-static void sink_replay(void *client, struct stored_response *r)
-{
-	struct conn *c = client;
-	struct evbuffer *out = bufferevent_get_output(c->bev);
-
-	c->idem = NULL;
-	c->outcome = OUTCOME_REPLAYED;
-	if (!c->keep_alive || c->draining)
-		c->close_after = true;
-	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", r->status,
-			    http_reason(r->status));
-	evbuffer_add(out, r->head, r->head_len);
-	if (c->method == HTTP_HEAD || r->status == 204 || r->status == 304 ||
-	    r->status < 200)
-		evbuffer_add(out, "Idempotent-Replayed: true\r\n", 27);
-	else
-		evbuffer_add_printf(out, "Content-Length: %zu\r\n"
-				    "Idempotent-Replayed: true\r\n", r->body_len);
-	if (c->close_after)
-		evbuffer_add(out, "Connection: close\r\n", 19);
-	else if (c->http_minor == 0)
-		evbuffer_add(out, "Connection: keep-alive\r\n", 24);
-	evbuffer_add(out, "\r\n", 2);
-	/* one stored body, shared by every replay in progress */
-	if (r->body_len > 0 && c->method != HTTP_HEAD &&
-	    evbuffer_add_reference(out, r->body, r->body_len, unref_stored,
-				   stored_response_ref(r)) < 0)
-		stored_response_unref(r);
-	c->resp_started = true;
-	c->resp_done = true;
-	conn_set_state(c, CONN_ST_RESPOND);
-	end_request(c);
-}
-
-static void sink_problem(void *client, enum problem p, const char *detail,
-			 enum outcome o)
-{
-	struct conn *c = client;
-
-	c->idem = NULL;
-	answer(c, p, detail, o);
-}
-
-static void sink_forwarding(void *client, enum outcome o)
-{
-	struct conn *c = client;
-
-	c->outcome = o;
-	conn_set_state(c, CONN_ST_FORWARD);
-}
-
-static void sink_head(void *client, const struct upstream_resp *r)
-{
-	client_head(client, r);
-}
-
-static bool sink_body(void *client, struct evbuffer *src, size_t len)
-{
-	return client_body(client, src, len);
-}
-
-/*
- * The response is complete and queued. A connection that stays open waits
- * (SETTLE) for the engine to record the outcome before it reads the next
- * request: a client that sends the duplicate the moment it has the
- * response, on the same connection, gets the replay and never a spurious
- * 409 for a request that is over. The response itself is not delayed.
- */
-static void hold_for_settle(struct conn *c)
-{
-	if (c->close_after || c->client_eof || c->draining) {
-		end_request(c);		/* nothing more will be read */
-		return;
-	}
-	conn_set_state(c, CONN_ST_SETTLE);
-}
-
-static void sink_done(void *client)
-{
-	struct conn *c = client;
-
-	client_done(c);
-	hold_for_settle(c);
-}
-
-static void sink_failed(void *client, enum upstream_error err)
-{
-	struct conn *c = client;
-
-	if (write_problem(c, err == UPSTREAM_ERROR_TIMEOUT ?
-				  PROBLEM_UPSTREAM_TIMEOUT :
-				  PROBLEM_UPSTREAM_UNAVAILABLE,
-			  err == UPSTREAM_ERROR_TIMEOUT ?
-				  "the upstream did not answer in time" :
-				  "the upstream connection failed", false))
-		hold_for_settle(c);
-}
-
-static void sink_settled(void *client)
-{
-	struct conn *c = client;
-
-	c->idem = NULL;
-	if (c->state == CONN_ST_SETTLE)
-		end_request(c);
-}
-
-static const struct idem_sink conn_sink = {
-	.replay = sink_replay,
-	.problem = sink_problem,
-	.forwarding = sink_forwarding,
-	.head = sink_head,
-	.body = sink_body,
-	.done = sink_done,
-	.failed = sink_failed,
-	.settled = sink_settled,
-};
-
-/* ---- key issuing (DESIGN.md §4, article §4.3 and §6) -------------------- */
-
-#define ISSUE_PATH "/.well-known/idempotency-key"
-/* Issued keys live in the store under this scope, which no hashed scope
- * nor the global one can equal. */
-#define ISSUED_SCOPE "!issued"
-
-static bool is_issue_path(const char *url)
-{
-	size_t n = strcspn(url, "?");
-
-	return n == sizeof(ISSUE_PATH) - 1 && memcmp(url, ISSUE_PATH, n) == 0;
-}
-
-/* How long an issued key's marker must live: the longest issued_key_ttl of
- * the global settings and every route. */
-static uint64_t issued_marker_ttl(const struct config *cfg)
-{
-	uint64_t ttl = cfg->issued_key_ttl_ms;
-
-	for (int i = 0; i < cfg->nroutes; i++)
-		if (cfg->routes[i].policy.issued_key_ttl_ms > ttl)
-			ttl = cfg->routes[i].policy.issued_key_ttl_ms;
-	return ttl;
-}
-
-/* The issue time a key of ours carries after its last '.', or 0. */
-static time_t issued_time(const char *key)
-{
-	const char *dot = strrchr(key, '.');
-	long long t = 0;
-
-	if (dot == NULL || dot[1] == '\0' || strlen(dot + 1) > 12)
-		return 0;
-	for (const char *p = dot + 1; *p != '\0'; p++) {
-		if (*p < '0' || *p > '9')
-			return 0;
-		t = t * 10 + (*p - '0');
-	}
-	return (time_t)t;
-}
-
-static void on_issued(void *arg, const struct store_result *res)
-{
-	struct conn *c = arg;
-	struct evbuffer *out = bufferevent_get_output(c->bev);
-
-	c->issue_op = NULL;
-	if (res->status != STORE_WON) {
-		answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
-		       OUTCOME_STORE_UNAVAILABLE);
-		return;
-	}
-	c->outcome = OUTCOME_KEY_ISSUED;
-	if (!c->keep_alive || c->draining)
-		c->close_after = true;
-	evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\n"
-			    "Content-Type: application/json\r\n"
-			    "Cache-Control: no-store\r\n"
-			    "Content-Length: %zu\r\n%s\r\n{\"key\":\"%s\"}",
-			    strlen(c->key) + 10,
-			    c->close_after ? "Connection: close\r\n" : "", c->key);
-	c->resp_started = true;
-	c->resp_done = true;
-	conn_set_state(c, CONN_ST_RESPOND);
-	end_request(c);
-}
-
-/*
- * GET /.well-known/idempotency-key: a fresh key for a form to submit with.
- * 128 random bits, URL-safe base64, then "." and the issue time (seconds):
- * routes with require_issued_key accept only keys recorded here, within
- * their issued_key_ttl of the issue time.
- */
-static void issue_key(struct conn *c)
-{
-	unsigned char raw[16], b64[32];
-	struct store_claim m = { 0 };
-	int n;
-
-	if (RAND_bytes(raw, sizeof(raw)) != 1) {
-		answer(c, PROBLEM_STORE_UNAVAILABLE, "no randomness",
-		       OUTCOME_STORE_UNAVAILABLE);
-		return;
-	}
-	n = EVP_EncodeBlock(b64, raw, sizeof(raw));
-	while (n > 0 && b64[n - 1] == '=')
-		n--;
-	for (int i = 0; i < n; i++)
-		b64[i] = b64[i] == '+' ? '-' : b64[i] == '/' ? '_' : b64[i];
-	snprintf(c->key, sizeof(c->key), "%.*s.%lld", n, (char *)b64,
-		 (long long)time(NULL));
-	snprintf(m.key.scope, sizeof(m.key.scope), "%s", ISSUED_SCOPE);
-	snprintf(m.key.key, sizeof(m.key.key), "%s", c->key);
-	m.lease_ms = issued_marker_ttl(c->cfg);
-	m.ttl_ms = m.lease_ms;
-	conn_set_state(c, CONN_ST_CLAIM);
-	c->issue_op = store_claim(c->w->store, c->w->base, &m, on_issued, c);
-	if (c->issue_op == NULL)
-		answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
-		       OUTCOME_STORE_UNAVAILABLE);
-}
-
-/*
- * Is the body of this media type? For json, any "+json" suffix type counts
- * (application/problem+json). Parameters (charset) are ignored.
- */
-static bool content_type_is(struct conn *c, const char *type)
-{
-	int i = hdrlist_find(&c->req, "content-type", 0);
-	const char *v, *end;
-	size_t n, tn = strlen(type);
-
-	if (i < 0)
-		return false;
-	v = hdr_value(&c->req, (uint32_t)i);
-	while (*v == ' ' || *v == '\t')
-		v++;
-	end = v + strcspn(v, "; \t");
-	n = (size_t)(end - v);
-	if (n == tn && strncasecmp(v, type, n) == 0)
-		return true;
-	return strcmp(type, "application/json") == 0 && n > 17 &&
-	       strncasecmp(v, "application/", 12) == 0 &&
-	       strncasecmp(end - 5, "+json", 5) == 0;
-}
-
-/* keys are namespaced by the SHA-256 of the scope header's value */
-static void scope_of(struct conn *c, char scope[STORE_SCOPE_LEN + 1])
-{
-	const struct policy *p = c->policy;
-	unsigned char md[32];
-	const char *v = "";
-	size_t len = 0;
-	int i;
-
-	scope[0] = '\0';
-	if (p->scope_header == NULL)
-		return;
-	i = hdrlist_find(&c->req, p->scope_header, 0);
-	if (i >= 0) {
-		v = hdr_value(&c->req, (uint32_t)i);
-		len = c->req.v[i].value_len;
-	}
-	SHA256((const unsigned char *)v, len, md);
-	for (int k = 0; k < 32; k++)
-		snprintf(scope + 2 * k, 3, "%02x", md[k]);
-}
-
-
-/* The body is buffered: fingerprint it and hand the request to the engine. */
-static void start_claim(struct conn *c)
-{
-	const struct policy *p = c->policy;
-	struct evbuffer_iovec v[64], *iov = v;
-	struct idem_request req = { 0 };
-	size_t body_len = evbuffer_get_length(c->body);
-	const char *body;
-	int n, k;
-
-	c->req_done = true;
-	set_read_timeout(c, 0);
-	conn_set_state(c, CONN_ST_CLAIM);
-	n = evbuffer_peek(c->body, -1, NULL, NULL, 0);
-	if (n > 64) {
-		evbuffer_pullup(c->body, -1);	/* rare: a body in many pieces */
-		n = 1;
-	}
-	n = evbuffer_peek(c->body, -1, NULL, iov, n);
-	/* the target is fingerprinted raw, exactly as the client sent it */
-	if (fp_compute(llhttp_method_name((llhttp_method_t)c->method), c->url,
-		       (const struct iovec *)iov, n, req.claim.fp) < 0)
-		goto fail;
-
-	/* a signed callback is checked before anything is claimed */
-	if (p->verify != VERIFY_NONE) {
-		int s = hdrlist_find(&c->req, p->verify_header, 0);
-
-		body = body_len ? (const char *)evbuffer_pullup(c->body, -1) : "";
-		if (s < 0 || !verify_signature(p->verify, p->verify_secret,
-					       p->verify_secret_len,
-					       hdr_value(&c->req, (uint32_t)s),
-					       c->req.v[s].value_len, body,
-					       body_len, time(NULL),
-					       p->verify_tolerance_ms)) {
-			answer(c, PROBLEM_SIGNATURE_INVALID, s < 0 ?
-			       "the signature header is missing" :
-			       "the signature does not match the body, or its "
-			       "timestamp is outside verify_tolerance",
-			       OUTCOME_SIGNATURE_INVALID);
-			return;
-		}
-	}
-	if (c->key_pending) {
-		body = body_len ? (const char *)evbuffer_pullup(c->body, -1) : "";
-		switch (p->key_source) {
-		case KEY_SRC_FORM:
-			k = !content_type_is(c, "application/x-www-form-urlencoded") ?
-				KEYSRC_MISSING :
-				keysrc_form(body, body_len, p->key_name,
-					    p->key_prefix, c->key);
-			break;
-		case KEY_SRC_JSON:
-			k = !content_type_is(c, "application/json") ?
-				KEYSRC_MISSING :
-				keysrc_json(body, body_len, p->key_name,
-					    p->key_prefix, c->key);
-			break;
-		case KEY_SRC_AUTO: {
-			char hex[2 * FP_LEN + 1];
-
-			fp_hex(req.claim.fp, hex);
-			k = keysrc_finish(p->key_prefix, hex, strlen(hex), c->key);
-			break;
-		}
-		default:
-			k = KEYSRC_INVALID;
-			break;
-		}
-		if (k < 0) {
-			if (key_unusable(c, k == KEYSRC_MISSING))
-				return;
-			req.unprotected = true;	/* pass through, body and all */
-		}
-	}
-	snprintf(req.claim.key.key, sizeof(req.claim.key.key), "%s", c->key);
-	scope_of(c, req.claim.key.scope);
-	req.claim.lease_ms = p->lease_ms;
-	req.claim.ttl_ms = p->ttl_ms;
-	req.in_flight = (enum in_flight_mode)p->in_flight;
-	req.wait_timeout_ms = p->wait_timeout_ms;
-	req.upstream_timeout_ms = c->cfg->upstream_timeout_ms;
-	req.max_cached_response = p->max_cached_response;
-	req.store_down = (enum store_down_mode)p->store_down;
-	req.on_upstream_error = (enum upstream_error_mode)p->on_upstream_error;
-	req.head_method = c->method == HTTP_HEAD;
-	req.keep_set_cookie = p->scope_header != NULL;
-	req.check_issued = p->require_issued_key;
-	/* the key as issued: without the route's prefix */
-	snprintf(req.issued_key, sizeof(req.issued_key), "%s",
-		 c->key + strlen(p->key_prefix));
-	req.issued_at = issued_time(req.issued_key);
-	req.issued_ttl_ms = p->issued_key_ttl_ms;
-	snprintf(req.issued_scope, sizeof(req.issued_scope), "%s", ISSUED_SCOPE);
-	req.issued_lease_ms = issued_marker_ttl(c->cfg);
-	req.request = evbuffer_new();
-	if (req.request == NULL)
-		goto fail;
-	write_request_head(c, req.request, origin_target(c), true, body_len);
-	evbuffer_add_buffer(req.request, c->body);
-	c->idem = idem_start(&c->w->idem, &req, &conn_sink, c);
-	if (c->idem == NULL)
-		goto fail;
-	return;
-fail:
-	if (req.request != NULL)
-		evbuffer_free(req.request);
-	answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot start the claim",
-	       OUTCOME_STORE_UNAVAILABLE);
-}
-
-/* Move a keyed request's body into c->body, up to max_body. */
-static void buffer_body(struct conn *c)
-{
-	struct evbuffer *in = bufferevent_get_input(c->bev);
-
-	if (c->req_body == BODY_LENGTH) {
-		size_t n = evbuffer_get_length(in);
-
-		if (n > c->req_remaining)
-			n = (size_t)c->req_remaining;
-		if (n > 0)
-			evbuffer_remove_buffer(in, c->body, n);
-		c->req_remaining -= n;
-		if (c->req_remaining == 0)
-			start_claim(c);
-		return;
-	}
-	switch (feed_parser(c)) {
-	case 1:
-		start_claim(c);
-		return;
-	default:
-		return;		/* more to come, or answered (400, 413) */
-	}
-}
-
-/*
- * A route's key could not be had: missing (the source has none) or
- * unusable (not valid key syntax, a body that does not parse). With
- * require_key that is 400; otherwise the request goes through unprotected.
- * Returns true when the request was answered.
- */
-static bool key_unusable(struct conn *c, bool missing)
-{
-	const struct policy *p = c->policy;
-	char detail[320];
-
-	if (!missing) {
-		snprintf(detail, sizeof(detail), "the key from %s%s is not 1-255 "
-			 "visible ASCII characters (with key_prefix), or the body "
-			 "cannot be parsed", route_key_source_name(p->key_source),
-			 p->key_name ? p->key_name : "");
-		c->outcome = OUTCOME_INVALID_KEY;
-		respond_problem(c, PROBLEM_INVALID_KEY, detail, false);
-		return true;
-	}
-	if (!p->require_key)
-		return false;
-	snprintf(detail, sizeof(detail), "this request needs an idempotency key "
-		 "(%s%s)", route_key_source_name(p->key_source),
-		 p->key_name ? p->key_name : "");
-	c->outcome = OUTCOME_MISSING_KEY;
-	respond_problem(c, PROBLEM_MISSING_KEY, detail, false);
-	return true;
-}
-
-/*
- * DESIGN.md §1 items 1-4 and §4: find the request's policy, then pass it
- * through, refuse it, or buffer its body for the engine.
- */
-static void decide(struct conn *c)
-{
-	const struct config *cfg = c->cfg;
-	const struct hdrlist *h = &c->req;
-	const struct policy *p;
-	char raw[IDEMKEY_MAX + 1];
-	int k, e;
-
-	/* a request without a body is complete: an answer keeps the connection */
-	c->req_done = c->req_body == BODY_NONE;
-	if (c->method == HTTP_GET && is_issue_path(c->url)) {
-		issue_key(c);
-		return;
-	}
-	p = route_policy(cfg, c->method, c->url, &c->route);
-	if (p == NULL) {
-		conn_forward(c);
-		return;
-	}
-	c->policy = p;
-	c->key_pending = false;
-	switch (p->key_source) {
-	case KEY_SRC_HEADER:
-		k = hdrlist_find(h, p->key_name, 0);
-		if (k < 0) {
-			if (!key_unusable(c, true))
-				conn_forward(c);	/* drop-in: legacy clients */
-			return;
-		}
-		if (hdrlist_find(h, p->key_name, (uint32_t)k + 1) >= 0 ||
-		    idemkey_parse(hdr_value(h, (uint32_t)k), h->v[k].value_len,
-				  raw) < 0 ||
-		    keysrc_finish(p->key_prefix, raw, strlen(raw), c->key) < 0) {
-			c->outcome = OUTCOME_INVALID_KEY;
-			respond_problem(c, PROBLEM_INVALID_KEY, "the key must be one "
-					"header of 1-255 visible ASCII characters, "
-					"optionally as a quoted string", false);
-			return;
-		}
-		break;
-	case KEY_SRC_QUERY:
-		k = keysrc_query(c->url, p->key_name, p->key_prefix, c->key);
-		if (k < 0) {
-			if (!key_unusable(c, k == KEYSRC_MISSING))
-				conn_forward(c);
-			return;
-		}
-		break;
-	case KEY_SRC_FORM:
-	case KEY_SRC_JSON:
-	case KEY_SRC_AUTO:
-		c->key_pending = true;	/* known once the body is here */
-		break;
-	case KEY_SRC_NONE:
-		conn_forward(c);
-		return;
-	}
-	if (c->req_body == BODY_LENGTH && c->req_remaining > p->max_body) {
-		c->outcome = OUTCOME_TOO_LARGE;
-		respond_problem(c, PROBLEM_BODY_TOO_LARGE,
-				"the request body is larger than max_body", true);
-		return;
-	}
-	c->keyed = true;
-	c->body = evbuffer_new();
-	if (c->body == NULL) {
-		conn_close(c, "out of memory");
-		return;
-	}
-	conn_set_state(c, CONN_ST_BODY);
-	e = hdrlist_find(h, "expect", 0);
-	if (e >= 0 && c->http_minor >= 1 && c->req_body != BODY_NONE &&
-	    httphdr_list_has(hdr_value(h, (uint32_t)e), h->v[e].value_len,
-			     "100-continue")) {
-		/* we need the body before anything goes upstream */
-		evbuffer_add(bufferevent_get_output(c->bev),
-			     "HTTP/1.1 100 Continue\r\n\r\n", 25);
-		c->expect_answered = true;
-	}
-	if (c->req_body == BODY_NONE) {
-		start_claim(c);
-		return;
-	}
-	set_read_timeout(c, cfg->client_timeout_ms);
-	if (c->req_body == BODY_CHUNKED)
-		llhttp_resume(&c->parser);
-	buffer_body(c);
-}
 
 /* ---- client socket callbacks --------------------------------------- */
 
@@ -1620,7 +827,7 @@ static void read_cb(struct bufferevent *bev, void *arg)
 		pump_body(c);	/* pipelined input waits once req_done */
 		break;
 	case CONN_ST_BODY:
-		buffer_body(c);
+		conn_keyed_body(c);
 		break;
 	case CONN_ST_DECIDE:
 	case CONN_ST_CLAIM:
@@ -1652,15 +859,18 @@ static void write_cb(struct bufferevent *bev, void *arg)
 			start_linger(c);
 		return;
 	}
-	if (c->state == CONN_ST_FORWARD && c->up != NULL)
+	if (c->state != CONN_ST_FORWARD)
+		return;
+	if (c->mode == CONN_MODE_PASS && c->up != NULL)
 		upstream_pause_read(c->up, false);
-	else if (c->state == CONN_ST_FORWARD && c->idem != NULL)
+	else if (c->mode == CONN_MODE_KEYED && c->idem != NULL)
 		idem_resume(c->idem);
 }
 
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct conn *c = arg;
+	bool req_done = cf_has(c, CF(REQ_DONE));
 
 	if (c->state == CONN_ST_LINGER) {
 		conn_close(c, "linger done");
@@ -1669,7 +879,7 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	if (what & BEV_EVENT_TIMEOUT) {
 		if ((what & BEV_EVENT_READING) &&
 		    (c->state == CONN_ST_FORWARD || c->state == CONN_ST_BODY) &&
-		    !c->req_done && !c->resp_started) {
+		    !req_done && !cf_has(c, CF(RESP_STARTED))) {
 			refuse(c, PROBLEM_REQUEST_TIMEOUT,
 			       CLIENT_ERROR_REQUEST_TIMEOUT,
 			       "the request body stopped arriving");
@@ -1681,14 +891,13 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	}
 	if ((what & BEV_EVENT_EOF) && c->state == CONN_ST_SETTLE) {
 		/* nothing more will come: the response is out */
-		end_request(c);
+		conn_end_request(c);
 		return;
 	}
-	if ((what & BEV_EVENT_EOF) && c->req_done &&
+	if ((what & BEV_EVENT_EOF) && req_done &&
 	    (c->state == CONN_ST_FORWARD || c->state == CONN_ST_CLAIM)) {
 		/* Half-close after a complete request: answer, then close. */
-		c->client_eof = true;
-		c->close_after = true;
+		cf_set(c, CF(CLIENT_EOF) | CF(CLOSE_AFTER));
 		bufferevent_disable(bev, EV_READ);
 		return;
 	}
@@ -1708,7 +917,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		       "the request head did not arrive in time");
 }
 
-/* Pipelined input left after a response: see end_request(). */
+/* Pipelined input left after a response: see conn_end_request(). */
 static void kick_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct conn *c = arg;
@@ -1783,14 +992,14 @@ struct conn *conn_new(struct worker *w, evutil_socket_t fd,
 			  c->peer, sizeof(c->peer));
 	else
 		strcpy(c->peer, "unknown");
-	hdrlist_init(&c->req);
+	h1_head_init(&c->head, w->cfg->max_header_size);
 	llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
 	c->parser.data = c;
 	c->state = CONN_ST_IDLE;
 	bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, CONN_READ_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, CONN_LOW, 0);
-	set_read_timeout(c, w->cfg->idle_timeout_ms);
+	conn_read_timeout(c, w->cfg->idle_timeout_ms);
 	bufferevent_enable(c->bev, EV_READ);	/* writes: flush_cb */
 	TAILQ_INSERT_TAIL(&w->conns, c, link);
 	metrics_gauge_add(GAUGE_connections, 1);

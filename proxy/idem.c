@@ -36,6 +36,7 @@
 #include <event2/event.h>
 
 #include "clock.h"
+#include "h1.h"
 #include "httphdr.h"
 #include "log.h"
 
@@ -60,6 +61,7 @@ enum idem_state {
 	IDEM_ST_PASS,		/* no key: forward unprotected next turn */
 	IDEM_ST_CHECK,		/* won: is the key one this proxy issued? */
 	IDEM_ST_UNDO,		/* not issued: give the claims back, answer */
+	IDEM_ST_DONE,		/* over: on env->done, freed next loop turn */
 };
 
 struct idem {
@@ -69,7 +71,7 @@ struct idem {
 	const struct idem_sink *sink;
 	void *client;			/* NULL once detached */
 	bool orphan;			/* on env->orphans */
-	TAILQ_ENTRY(idem) orphan_link;
+	TAILQ_ENTRY(idem) link;		/* env->orphans, then env->done */
 
 	struct store_op *op;		/* claim, watch, complete or release */
 	struct store_op *ext_op;	/* lease extension */
@@ -162,23 +164,47 @@ static void settled(struct idem *ix)
 		ix->sink->settled(client);
 }
 
-/* Free everything; the engine is done with the store and the upstream. */
-static void idem_free(struct idem *ix)
+/*
+ * The one way an engine ends. Everything it holds is given up now - its
+ * store handles cancelled, its upstream exchange aborted, its timer
+ * stopped - so that no callback of its can run any more; its memory goes
+ * on the next loop turn (env->done), after every caller up the stack has
+ * returned (pgbouncer's CL_JUSTFREE). Nothing but this function puts an
+ * engine there, and nothing but reap() frees one.
+ */
+static void idem_done(struct idem *ix)
 {
+	struct idem_env *env = ix->env;
+
+	if (ix->state == IDEM_ST_DONE)
+		return;
 	if (ix->orphan) {
-		TAILQ_REMOVE(&ix->env->orphans, ix, orphan_link);
-		ix->env->norphans--;
-		if (ix->env->orphans_changed != NULL)
-			ix->env->orphans_changed(ix->env->orphans_arg);
+		TAILQ_REMOVE(&env->orphans, ix, link);
+		ix->orphan = false;
+		env->norphans--;
+		if (env->orphans_changed != NULL)
+			env->orphans_changed(env->orphans_arg);
 	}
 	if (ix->op != NULL)
 		store_cancel(ix->op);
 	if (ix->ext_op != NULL)
 		store_cancel(ix->ext_op);
+	ix->op = ix->ext_op = NULL;
 	if (ix->up != NULL)
 		upstream_abort(ix->up);
+	ix->up = NULL;
 	if (ix->owns)
 		metrics_gauge_add(GAUGE_in_flight, -1);
+	ix->owns = false;
+	evtimer_del(ix->timer);
+	ix->client = NULL;
+	ix->state = IDEM_ST_DONE;
+	TAILQ_INSERT_TAIL(&env->done, ix, link);
+	event_active(env->reap, EV_TIMEOUT, 1);
+}
+
+static void idem_destroy(struct idem *ix)
+{
 	event_free(ix->timer);
 	evbuffer_free(ix->req.request);
 	evbuffer_free(ix->cap_head);
@@ -187,18 +213,29 @@ static void idem_free(struct idem *ix)
 	free(ix);
 }
 
+static void reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct idem_env *env = arg;
+	struct idem *ix;
+
+	while ((ix = TAILQ_FIRST(&env->done)) != NULL) {
+		TAILQ_REMOVE(&env->done, ix, link);
+		idem_destroy(ix);
+	}
+}
+
 /* The client got its final answer; the engine may still have work. */
 static void let_go(struct idem *ix)
 {
 	ix->client = NULL;
 	if (ix->state != IDEM_ST_FORWARD && ix->state != IDEM_ST_SETTLE &&
 	    ix->state != IDEM_ST_CHECK && ix->state != IDEM_ST_UNDO) {
-		idem_free(ix);
+		idem_done(ix);
 		return;
 	}
 	if (!ix->orphan) {
 		ix->orphan = true;
-		TAILQ_INSERT_TAIL(&ix->env->orphans, ix, orphan_link);
+		TAILQ_INSERT_TAIL(&ix->env->orphans, ix, link);
 		ix->env->norphans++;
 	}
 }
@@ -224,26 +261,28 @@ static void finish_problem(struct idem *ix, enum problem p, const char *detail,
 	if (ix->client != NULL)
 		ix->sink->problem(ix->client, p, detail, o);
 	ix->client = NULL;
-	idem_free(ix);
+	idem_done(ix);
 }
 
 /* ---- the upstream exchange ------------------------------------------ */
 
+/* The end-to-end fields a stored response keeps: Set-Cookie only when
+ * keys are scoped to a caller (never replay a session to a stranger). */
+static bool stored_field(const struct hdrlist *h, uint32_t i, void *arg)
+{
+	const struct idem *ix = arg;
+
+	if (httphdr_drop_on_forward(h, i))
+		return false;
+	return ix->req.keep_set_cookie || h->v[i].name_len != 10 ||
+	       strcasecmp(hdr_name(h, i), "set-cookie") != 0;
+}
+
 /* Serialise the end-to-end fields of a response for storage. */
 static void capture_head(struct idem *ix, const struct upstream_resp *r)
 {
-	const struct hdrlist *h = r->headers;
-
 	ix->status = r->status;
-	for (uint32_t i = 0; i < h->n; i++) {
-		if (httphdr_drop_on_forward(h, i))
-			continue;
-		if (!ix->req.keep_set_cookie && h->v[i].name_len == 10 &&
-		    strcasecmp(hdr_name(h, i), "set-cookie") == 0)
-			continue;	/* never replay a session to a stranger */
-		evbuffer_add_printf(ix->cap_head, "%s: %s\r\n", hdr_name(h, i),
-				    hdr_value(h, i));
-	}
+	h1_write_fields(ix->cap_head, r->headers, stored_field, ix);
 }
 
 static void up_head(void *arg, const struct upstream_resp *r)
@@ -420,17 +459,15 @@ static bool send_request(struct idem *ix, bool fresh)
 
 /* ---- settling the record --------------------------------------------- */
 
-/* The problem document a kept 502/504 is stored as. */
+/* The problem document a kept 502/504 is stored as: the same body as the
+ * live answer (problem_upstream). */
 static struct stored_response *problem_response(enum upstream_error err)
 {
-	enum problem p = err == UPSTREAM_ERROR_TIMEOUT ? PROBLEM_UPSTREAM_TIMEOUT :
-							 PROBLEM_UPSTREAM_UNAVAILABLE;
 	static const char head[] = "Content-Type: application/problem+json\r\n";
+	const char *detail;
+	enum problem p = problem_upstream(err, &detail);
 	char body[512];
-	size_t len = problem_render(p, err == UPSTREAM_ERROR_TIMEOUT ?
-					"the upstream did not answer in time" :
-					"the upstream connection failed",
-				    body, sizeof(body));
+	size_t len = problem_render(p, detail, body, sizeof(body));
 
 	return stored_response_new(problem_status(p), head, sizeof(head) - 1,
 				   body, len, true);
@@ -481,7 +518,7 @@ static void on_settled(void *arg, const struct store_result *res)
 		break;
 	}
 	settled(ix);
-	idem_free(ix);
+	idem_done(ix);
 }
 
 static void write_settlement(struct idem *ix)
@@ -498,7 +535,7 @@ static void write_settlement(struct idem *ix)
 	if (ix->op == NULL) {
 		metrics_count(COUNTER_completion_failures_total);
 		settled(ix);
-		idem_free(ix);
+		idem_done(ix);
 	}
 }
 
@@ -511,7 +548,7 @@ static void settle(struct idem *ix)
 	ix->state = IDEM_ST_SETTLE;
 	if (!ix->owns) {
 		settled(ix);	/* unprotected: nothing to write */
-		idem_free(ix);
+		idem_done(ix);
 		return;
 	}
 	if (ix->failed) {
@@ -678,7 +715,7 @@ static void on_claim(void *arg, const struct store_result *res)
 		if (ix->client != NULL)
 			ix->sink->replay(ix->client, res->resp);
 		ix->client = NULL;
-		idem_free(ix);
+		idem_done(ix);
 		return;
 	case STORE_MISMATCH:
 		finish_problem(ix, PROBLEM_KEY_MISMATCH,
@@ -766,6 +803,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		return;
 	case IDEM_ST_CHECK:
 	case IDEM_ST_UNDO:
+	case IDEM_ST_DONE:
 		return;
 	}
 }
@@ -816,10 +854,9 @@ fail:
 
 void idem_detach(struct idem *ix)
 {
-	/* before let_go(), which may free ix */
 	if (ix->state == IDEM_ST_FORWARD && ix->up != NULL)
 		upstream_pause_read(ix->up, false);	/* nobody to wait for */
-	let_go(ix);
+	let_go(ix);	/* ends it (later) or makes it an orphan */
 }
 
 void idem_resume(struct idem *ix)
@@ -835,6 +872,29 @@ void idem_abort_orphans(struct idem_env *env)
 	while ((ix = TAILQ_FIRST(&env->orphans)) != NULL) {
 		log_warn("key %s: abandoned at shutdown; its lease will free it",
 			 ix->req.claim.key.key);
-		idem_free(ix);
+		idem_done(ix);
 	}
+}
+
+int idem_env_init(struct idem_env *env, struct event_base *base,
+		  struct upstream_pool *pool, struct store *store)
+{
+	memset(env, 0, sizeof(*env));
+	env->base = base;
+	env->pool = pool;
+	env->store = store;
+	TAILQ_INIT(&env->orphans);
+	TAILQ_INIT(&env->done);
+	env->reap = event_new(base, -1, 0, reap_cb, env);
+	return env->reap != NULL ? 0 : -1;
+}
+
+void idem_env_free(struct idem_env *env)
+{
+	env->orphans_changed = NULL;
+	idem_abort_orphans(env);
+	reap_cb(-1, 0, env);
+	if (env->reap != NULL)
+		event_free(env->reap);
+	env->reap = NULL;
 }

@@ -38,7 +38,16 @@ struct idem_env {
 	int norphans;
 	void (*orphans_changed)(void *arg);
 	void *orphans_arg;
+	/* engines that ended, freed by the next loop turn (idem.c) */
+	struct idem_list done;
+	struct event *reap;
 };
+
+/* Set up an env on the worker's loop (orphans_changed is the worker's to
+ * set). 0 or -1. idem_env_free() ends every engine still there. */
+int idem_env_init(struct idem_env *env, struct event_base *base,
+		  struct upstream_pool *pool, struct store *store) MUSTCHECK;
+void idem_env_free(struct idem_env *env);
 
 /*
  * The client side of a keyed request, implemented by conn.c. replay and
@@ -86,7 +95,11 @@ struct idem_request {
 /* Start the claim. Returns NULL (request freed) when out of memory. */
 struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 			const struct idem_sink *sink, void *client);
-/* The client is gone: stop waiting, or go on executing as an orphan. */
+/*
+ * The client is gone: the engine stops waiting, or goes on executing as an
+ * orphan. Only the engine's pointer to the client is cleared here (the
+ * caller clears its own); the engine is never freed inside this call.
+ */
 void idem_detach(struct idem *ix);
 /* The client's output drained: read the upstream again. */
 void idem_resume(struct idem *ix);

@@ -30,6 +30,7 @@
 #include <event2/util.h>
 #include <llhttp.h>
 
+#include "h1.h"
 #include "log.h"
 
 /* Keep-alive connections idle longer than this are closed: shorter than the
@@ -76,8 +77,7 @@ struct upstream {
 	struct event *flush;		/* write the output at the end of the turn */
 
 	llhttp_t parser;
-	struct hdrlist headers;
-	size_t head_bytes;
+	struct h1_head head;	/* the response head being read */
 	enum body_kind body;
 	uint64_t remaining;	/* BODY_LENGTH */
 	struct evbuffer *chunk;	/* de-chunked bytes on their way out */
@@ -135,9 +135,16 @@ static void parser_reset(struct upstream *u)
 {
 	llhttp_init(&u->parser, HTTP_RESPONSE, &parser_settings);
 	u->parser.data = u;
-	hdrlist_reset(&u->headers);
-	u->head_bytes = 0;
+	h1_head_reset(&u->head, UP_MAX_HEAD);
 	u->phase = UP_PH_HEAD;
+}
+
+static void up_free(struct upstream *u)
+{
+	h1_head_free(&u->head);
+	evbuffer_free(u->chunk);
+	event_free(u->flush);
+	free(u);
 }
 
 /* Close the connection now; free the struct once no callback of ours is on
@@ -160,12 +167,8 @@ static void up_close(struct upstream *u)
 	u->cbs = NULL;
 	event_del(u->flush);
 	metrics_gauge_add(GAUGE_upstream_connections, -1);
-	if (u->depth == 0) {
-		hdrlist_free(&u->headers);
-		evbuffer_free(u->chunk);
-		event_free(u->flush);
-		free(u);
-	}
+	if (u->depth == 0)
+		up_free(u);
 }
 
 /* Leave a callback section; free u if it was closed meanwhile. Returns
@@ -173,10 +176,7 @@ static void up_close(struct upstream *u)
 static bool up_leave(struct upstream *u)
 {
 	if (--u->depth == 0 && u->dead) {
-		hdrlist_free(&u->headers);
-		evbuffer_free(u->chunk);
-		event_free(u->flush);
-		free(u);
+		up_free(u);
 		return true;
 	}
 	return u->dead;
@@ -254,31 +254,17 @@ static void up_body(struct upstream *u, struct evbuffer *src, size_t len)
 
 static int on_header_field(llhttp_t *p, const char *at, size_t len)
 {
-	struct upstream *u = p->data;
-
-	u->head_bytes += len;
-	if (u->head_bytes > UP_MAX_HEAD ||
-	    hdrlist_add_name(&u->headers, at, len) < 0)
-		return -1;
-	return 0;
+	return h1_head_name(&((struct upstream *)p->data)->head, at, len);
 }
 
 static int on_header_value(llhttp_t *p, const char *at, size_t len)
 {
-	struct upstream *u = p->data;
-
-	u->head_bytes += len;
-	if (u->head_bytes > UP_MAX_HEAD ||
-	    hdrlist_add_value(&u->headers, at, len) < 0)
-		return -1;
-	return 0;
+	return h1_head_value(&((struct upstream *)p->data)->head, at, len);
 }
 
 static int on_header_value_complete(llhttp_t *p)
 {
-	struct upstream *u = p->data;
-
-	return hdrlist_end_field(&u->headers) < 0 ? -1 : 0;
+	return h1_head_end_field(&((struct upstream *)p->data)->head);
 }
 
 static int on_headers_complete(llhttp_t *p)
@@ -298,23 +284,6 @@ static int on_message_complete(llhttp_t *p)
 	return HPE_PAUSED;
 }
 
-/* Does the response let us reuse the connection? */
-static bool response_keep_alive(const llhttp_t *p, const struct hdrlist *h)
-{
-	bool keep = p->http_major == 1 && p->http_minor >= 1;
-
-	for (int i = hdrlist_find(h, "connection", 0); i >= 0;
-	     i = hdrlist_find(h, "connection", (uint32_t)i + 1)) {
-		if (httphdr_list_has(hdr_value(h, (uint32_t)i),
-				     h->v[i].value_len, "close"))
-			keep = false;
-		else if (httphdr_list_has(hdr_value(h, (uint32_t)i),
-					  h->v[i].value_len, "keep-alive"))
-			keep = true;
-	}
-	return keep;
-}
-
 /*
  * A head is parsed (llhttp paused in on_headers_complete). Work out the body,
  * tell the owner, and set up for the body or for the next head after a 1xx.
@@ -327,10 +296,10 @@ static int handle_head(struct upstream *u)
 		.status = p->status_code,
 		.http_major = p->http_major,
 		.http_minor = p->http_minor,
-		.headers = &u->headers,
+		.headers = &u->head.fields,
 	};
 
-	if (httphdr_validate(&u->headers) < 0)
+	if (httphdr_validate(&u->head.fields) < 0)
 		return -1;
 	if (resp.status >= 100 && resp.status < 200) {
 		if (resp.status == 101)
@@ -341,7 +310,8 @@ static int handle_head(struct upstream *u)
 		parser_reset(u);
 		return 0;
 	}
-	u->keep_alive = response_keep_alive(p, &u->headers);
+	u->keep_alive = h1_keep_alive(&u->head.fields, p->http_major,
+				      p->http_minor);
 	if (u->head_request || resp.status == 204 || resp.status == 304) {
 		resp.body = BODY_NONE;
 	} else if (p->flags & F_CHUNKED) {
@@ -650,7 +620,7 @@ static struct upstream *up_connect(struct upstream_pool *p)
 	if (u->chunk == NULL || u->bev == NULL || u->flush == NULL ||
 	    evbuffer_add_cb(bufferevent_get_output(u->bev), output_added, u) == NULL)
 		goto fail;
-	hdrlist_init(&u->headers);
+	h1_head_init(&u->head, UP_MAX_HEAD);
 	bufferevent_setcb(u->bev, read_cb, write_cb, event_cb, u);
 	bufferevent_setwatermark(u->bev, EV_WRITE, UP_WRITE_LOW, 0);
 	u->state = UP_ST_CONNECTING;
@@ -767,7 +737,7 @@ void upstream_release(struct upstream *u)
 	u->state = UP_ST_IDLE;
 	TAILQ_INSERT_HEAD(&p->idle, u, idle_link);
 	p->nidle++;
-	hdrlist_reset(&u->headers);
+	h1_head_reset(&u->head, UP_MAX_HEAD);
 	bufferevent_set_timeouts(u->bev, &idle, NULL);
 	bufferevent_enable(u->bev, EV_READ);
 }

@@ -161,10 +161,8 @@ int worker_init(struct worker *w, int id, struct config *cfg,
 		goto fail;
 	w->pool = upstream_pool_new(w->base, t);
 	w->store = store;
-	w->idem.base = w->base;
-	w->idem.pool = w->pool;
-	w->idem.store = store;
-	TAILQ_INIT(&w->idem.orphans);
+	if (idem_env_init(&w->idem, w->base, w->pool, store) < 0)
+		goto fail;
 	w->idem.orphans_changed = orphans_changed;
 	w->idem.orphans_arg = w;
 	store_thread_init(store, w->base);
@@ -242,8 +240,7 @@ void worker_free(struct worker *w)
 		conn_abort(c);
 	while ((c = TAILQ_FIRST(&w->reap)) != NULL)
 		conn_free(c);
-	w->idem.orphans_changed = NULL;
-	idem_abort_orphans(&w->idem);
+	idem_env_free(&w->idem);
 	if (w->listener != NULL)
 		evconnlistener_free(w->listener);
 	if (w->listen_fd >= 0)

@@ -1,0 +1,300 @@
+/*
+ * conn_keyed.c - a connection's keyed requests: deciding what a request's
+ * policy asks for, buffering its body, handing it to the engine, and the
+ * engine's client side (the sink); and issuing keys.
+ *
+ *   DECIDE ──no policy, or PASS──▶ conn_forward() (pass-through)
+ *     │ ANSWER: 400/413
+ *     ▼ BUFFER
+ *   BODY ──body complete──▶ CLAIM: keyed_prepare() ──▶ idem_start()
+ *                              │ ANSWER: 401/400        │ sink: replay,
+ *                              ▼                        ▼ problem, or the
+ *                           RESPOND                  FORWARD winner's response
+ *                                                       │ done: SETTLE until
+ *                                                       ▼ the outcome is written
+ */
+#include "conn_priv.h"
+
+#include <stdio.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+
+#include "config.h"
+#include "idem.h"
+#include "issue.h"
+#include "log.h"
+#include "route.h"
+#include "store.h"
+#include "upstream.h"
+#include "worker.h"
+
+/* ---- keyed requests: the idempotency engine's client side -------------- */
+
+/* The engine is done with the client (a final answer): it may still record
+ * the outcome on its own, but never calls us again. */
+static void engine_let_go(struct conn *c)
+{
+	c->idem = NULL;
+}
+
+static void sink_replay(void *client, struct stored_response *r)
+{
+	struct conn *c = client;
+
+	engine_let_go(c);
+	c->outcome = OUTCOME_REPLAYED;
+	if (!cf_has(c, CF(KEEP_ALIVE)) || c->draining)
+		cf_set(c, CF(CLOSE_AFTER));
+	reply_replay(bufferevent_get_output(c->bev), r, c->method == HTTP_HEAD,
+		     conn_reply_conn(c));
+	cf_set(c, CF(RESP_STARTED));
+	conn_set_state(c, CONN_ST_RESPOND);
+	conn_end_request(c);
+}
+
+static void sink_problem(void *client, enum problem p, const char *detail,
+			 enum outcome o)
+{
+	struct conn *c = client;
+
+	engine_let_go(c);
+	conn_answer(c, p, detail, o, false);
+}
+
+static void sink_forwarding(void *client, enum outcome o)
+{
+	struct conn *c = client;
+
+	c->outcome = o;
+	conn_set_state(c, CONN_ST_FORWARD);
+}
+
+static void sink_head(void *client, const struct upstream_resp *r)
+{
+	conn_client_head(client, r);
+}
+
+static bool sink_body(void *client, struct evbuffer *src, size_t len)
+{
+	return conn_client_body(client, src, len);
+}
+
+/*
+ * The response is complete and queued. A connection that stays open waits
+ * (SETTLE) for the engine to record the outcome before it reads the next
+ * request: a client that sends the duplicate the moment it has the
+ * response, on the same connection, gets the replay and never a spurious
+ * 409 for a request that is over. The response itself is not delayed.
+ */
+static void hold_for_settle(struct conn *c)
+{
+	if (cf_has(c, CF(CLOSE_AFTER)) || cf_has(c, CF(CLIENT_EOF)) || c->draining) {
+		conn_end_request(c);		/* nothing more will be read */
+		return;
+	}
+	conn_set_state(c, CONN_ST_SETTLE);
+}
+
+static void sink_done(void *client)
+{
+	struct conn *c = client;
+
+	conn_client_done(c);
+	hold_for_settle(c);
+}
+
+static void sink_failed(void *client, enum upstream_error err)
+{
+	struct conn *c = client;
+
+	if (conn_upstream_error(c, err))
+		hold_for_settle(c);
+}
+
+static void sink_settled(void *client)
+{
+	struct conn *c = client;
+
+	engine_let_go(c);
+	if (c->state == CONN_ST_SETTLE)
+		conn_end_request(c);
+}
+
+static const struct idem_sink conn_sink = {
+	.replay = sink_replay,
+	.problem = sink_problem,
+	.forwarding = sink_forwarding,
+	.head = sink_head,
+	.body = sink_body,
+	.done = sink_done,
+	.failed = sink_failed,
+	.settled = sink_settled,
+};
+
+/* ---- key issuing ---------------------------------------------------------- */
+
+static void on_issued(void *arg, const struct store_result *res)
+{
+	struct conn *c = arg;
+
+	c->issue_op = NULL;
+	c->mode = CONN_MODE_NONE;
+	if (res->status != STORE_WON) {
+		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
+		       OUTCOME_STORE_UNAVAILABLE, false);
+		return;
+	}
+	c->outcome = OUTCOME_KEY_ISSUED;
+	if (!cf_has(c, CF(KEEP_ALIVE)) || c->draining)
+		cf_set(c, CF(CLOSE_AFTER));
+	reply_issued_key(bufferevent_get_output(c->bev), c->key.key, conn_reply_conn(c));
+	cf_set(c, CF(RESP_STARTED));
+	conn_set_state(c, CONN_ST_RESPOND);
+	conn_end_request(c);
+}
+
+/* GET /.well-known/idempotency-key: mint a key and record its marker. */
+static void issue_key(struct conn *c)
+{
+	struct store_claim m;
+
+	if (issue_mint(c->key.key, time(NULL)) < 0) {
+		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "no randomness",
+		       OUTCOME_STORE_UNAVAILABLE, false);
+		return;
+	}
+	issue_marker(c->key.key, issue_marker_ttl(c->cfg), &m);
+	conn_set_state(c, CONN_ST_CLAIM);
+	c->issue_op = store_claim(c->w->store, c->w->base, &m, on_issued, c);
+	if (c->issue_op == NULL) {
+		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
+		       OUTCOME_STORE_UNAVAILABLE, false);
+		return;
+	}
+	c->mode = CONN_MODE_ISSUE;
+}
+
+/* ---- keyed requests ---------------------------------------------------- */
+
+static struct keyed_head keyed_head(const struct conn *c)
+{
+	struct keyed_head h = {
+		.policy = c->policy, .cfg = c->cfg, .method = c->method,
+		.target = c->head.target, .fields = &c->head.fields,
+		.body = c->req_body, .length = c->req_length, .peer = c->peer,
+	};
+
+	return h;
+}
+
+/* The body is buffered: prepare the request and hand it to the engine. */
+static void start_claim(struct conn *c)
+{
+	struct keyed_head h = keyed_head(c);
+	struct idem_request req;
+	struct keyed_answer a;
+
+	cf_set(c, CF(REQ_DONE));
+	conn_read_timeout(c, 0);
+	conn_set_state(c, CONN_ST_CLAIM);
+	if (keyed_prepare(&h, &c->key, c->body, &req, &a) == KEYED_ANSWER) {
+		conn_answer(c, a.problem, a.detail, a.outcome, a.close);
+		return;
+	}
+	c->idem = idem_start(&c->w->idem, &req, &conn_sink, c);
+	if (c->idem == NULL) {
+		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot start the claim",
+		       OUTCOME_STORE_UNAVAILABLE, false);
+		return;
+	}
+	c->mode = CONN_MODE_KEYED;
+}
+
+/* Move a keyed request's body into c->body, up to max_body. */
+void conn_keyed_body(struct conn *c)
+{
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+
+	if (c->req_body == BODY_LENGTH) {
+		size_t n = evbuffer_get_length(in);
+
+		if (n > c->req_remaining)
+			n = (size_t)c->req_remaining;
+		if (n > 0)
+			evbuffer_remove_buffer(in, c->body, n);
+		c->req_remaining -= n;
+		if (c->req_remaining == 0)
+			start_claim(c);
+		return;
+	}
+	if (conn_feed_parser(c) == 1)
+		start_claim(c);	/* else more to come, or answered (400, 413) */
+}
+
+/* Expect: 100-continue on a keyed request: we need the body before
+ * anything goes upstream, so we answer it ourselves. */
+static void continue_if_expected(struct conn *c)
+{
+	const struct hdrlist *f = &c->head.fields;
+	int e = hdrlist_find(f, "expect", 0);
+
+	if (e >= 0 && c->http_minor >= 1 && c->req_body != BODY_NONE &&
+	    httphdr_list_has(hdr_value(f, (uint32_t)e), f->v[e].value_len,
+			     "100-continue"))
+		evbuffer_add(bufferevent_get_output(c->bev),
+			     "HTTP/1.1 100 Continue\r\n\r\n", 25);
+}
+
+/*
+ * DESIGN.md §1 items 1-4 and §4: find the request's policy, then pass it
+ * through, refuse it, or buffer its body for the engine.
+ */
+void conn_keyed_decide(struct conn *c)
+{
+	struct keyed_head h;
+	struct keyed_answer a;
+	const char *route;
+
+	/* a request without a body is complete: an answer keeps the connection */
+	if (c->req_body == BODY_NONE)
+		cf_set(c, CF(REQ_DONE));
+	if (c->method == HTTP_GET && issue_is_path(c->head.target)) {
+		issue_key(c);
+		return;
+	}
+	c->policy = route_policy(c->cfg, c->method, c->head.target, &route);
+	if (c->policy == NULL) {
+		conn_forward(c);
+		return;
+	}
+	h = keyed_head(c);
+	switch (keyed_start(&h, &c->key, &a)) {
+	case KEYED_PASS:
+		conn_forward(c);	/* drop-in: legacy clients */
+		return;
+	case KEYED_ANSWER:
+		conn_answer(c, a.problem, a.detail, a.outcome, a.close);
+		return;
+	case KEYED_BUFFER:
+	case KEYED_ENGINE:
+		break;
+	}
+	c->body = evbuffer_new();
+	if (c->body == NULL) {
+		conn_close(c, "out of memory");
+		return;
+	}
+	conn_set_state(c, CONN_ST_BODY);
+	continue_if_expected(c);
+	if (c->req_body == BODY_NONE) {
+		start_claim(c);
+		return;
+	}
+	conn_read_timeout(c, c->cfg->client_timeout_ms);
+	if (c->req_body == BODY_CHUNKED)
+		llhttp_resume(&c->parser);
+	conn_keyed_body(c);
+}

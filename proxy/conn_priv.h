@@ -1,0 +1,165 @@
+/*
+ * conn_priv.h - what conn.c (the connection) and conn_keyed.c (its keyed
+ * requests and issued keys) share: struct conn, its states, mode and flags,
+ * and the few functions one calls in the other. Nothing else includes it.
+ */
+#ifndef IDEMPROXY_CONN_PRIV_H
+#define IDEMPROXY_CONN_PRIV_H
+
+#include <arpa/inet.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include <llhttp.h>
+
+#include "h1.h"
+#include "httphdr.h"
+#include "keyed.h"
+#include "metrics.h"
+#include "problem.h"
+#include "reply.h"
+
+struct bufferevent;
+struct config;
+struct event;
+struct evbuffer;
+struct idem;
+struct policy;
+struct store_op;
+struct upstream;
+struct upstream_resp;
+struct worker;
+
+/* Output above this pauses the side that fills it. */
+#define CONN_HIGH (256 * 1024)
+/* ... and below this resumes it. */
+#define CONN_LOW (64 * 1024)
+/* Pipelined bytes buffered while a request is in progress. */
+#define CONN_READ_HIGH (64 * 1024)
+/* After a close with unread input: how long to swallow it (lingering
+ * close, so that the client reads our response instead of a reset). */
+#define CONN_LINGER_MS 2000
+
+enum conn_state {
+	CONN_ST_IDLE,		/* keep-alive: waiting for a request's first byte */
+	CONN_ST_READ_HEAD,	/* request line and header fields arriving */
+	CONN_ST_DECIDE,		/* head complete, parser paused, deciding */
+	CONN_ST_BODY,		/* keyed: buffering the body to fingerprint it */
+	CONN_ST_CLAIM,		/* keyed: the engine claims, waits, decides */
+	CONN_ST_FORWARD,	/* exchange with the upstream under way */
+	CONN_ST_RESPOND,	/* a response of the proxy's own is queued */
+	CONN_ST_SETTLE,		/* keyed: response out; the next request waits
+				 * until the engine has recorded the outcome */
+	CONN_ST_CLOSING,	/* flushing the output, then closing */
+	CONN_ST_LINGER,		/* write side shut, swallowing input briefly */
+	CONN_ST_CLOSED,		/* on the reap list */
+};
+
+static const char *const state_names[] = {
+	"idle", "read_head", "decide", "body", "claim", "forward", "respond",
+	"settle", "closing", "linger", "closed",
+};
+
+/* Who serves the request in progress (the handle that goes with it). */
+enum conn_mode {
+	CONN_MODE_NONE,		/* nobody yet, or answered by the proxy */
+	CONN_MODE_PASS,		/* a pass-through exchange: c->up */
+	CONN_MODE_KEYED,	/* the engine: c->idem (NULL once it let go) */
+	CONN_MODE_ISSUE,	/* issuing a key: c->issue_op */
+};
+
+/* The request's flags, one word (conn_flags_str() for logs). */
+#define CONN_FLAG_LIST(X) \
+	X(KEEP_ALIVE,    "keep_alive")    /* the client allows another request */ \
+	X(REQ_DONE,      "req_done")      /* the whole request is read */ \
+	X(CLIENT_PAUSED, "client_paused") /* reading stopped: upstream full */ \
+	X(CLIENT_EOF,    "client_eof")    /* half-closed after sending */ \
+	X(RETRIED,       "retried")       /* sent again after a stale conn */ \
+	X(RESP_STARTED,  "resp_started")  /* final response head queued */ \
+	X(RESP_CHUNKED,  "resp_chunked")  /* we chunk the body for the client */ \
+	X(CLOSE_AFTER,   "close_after")   /* close once this response is out */ \
+	X(BODY_TOO_LARGE, "body_too_large")
+
+enum {
+#define X(name, label) CONN_BIT_##name,
+	CONN_FLAG_LIST(X)
+#undef X
+};
+
+#define CF(name) (1u << CONN_BIT_##name)
+
+struct conn {
+	struct worker *w;
+	TAILQ_ENTRY(conn) link;
+	struct bufferevent *bev;
+	struct event *timer;		/* head timeout, then linger timeout */
+	struct event *kick;		/* parse pipelined input next turn */
+	struct event *flush;		/* write the output at the end of the turn */
+	enum conn_state state;
+	bool draining;			/* SIGTERM: this is the last request */
+	char peer[INET6_ADDRSTRLEN];
+	llhttp_t parser;
+
+	/* the request in progress; reset by reset_request() */
+	unsigned flags;			/* CF(...) */
+	enum conn_mode mode;
+	struct config *cfg;		/* a ref held for the request */
+	struct h1_head head;
+	int method;			/* -1: no request to count */
+	unsigned short http_major, http_minor;
+	enum body_kind req_body;
+	uint64_t req_length;		/* BODY_LENGTH: as declared */
+	uint64_t req_remaining;		/* BODY_LENGTH: still to come */
+	enum outcome outcome;
+
+	/* keyed requests (DESIGN.md §1 items 2-10, §4) */
+	const struct policy *policy;	/* the route's, or the global one */
+	struct keyed_key key;
+	struct evbuffer *body;		/* the buffered body while BODY */
+	struct idem *idem;
+	struct store_op *issue_op;
+
+	/* pass-through */
+	struct upstream *up;
+	uint64_t up_start_ms;
+};
+
+static inline bool cf_has(const struct conn *c, unsigned f)
+{
+	return (c->flags & f) != 0;
+}
+
+static inline void cf_set(struct conn *c, unsigned f)
+{
+	c->flags |= f;
+}
+
+static inline void cf_clr(struct conn *c, unsigned f)
+{
+	c->flags &= ~f;
+}
+
+/* conn.c: the connection's machinery, for conn_keyed.c. */
+void conn_set_state(struct conn *c, enum conn_state next);
+void conn_read_timeout(struct conn *c, uint64_t ms);
+struct reply_conn conn_reply_conn(const struct conn *c);
+/* Answer with a problem, count the outcome, end the request. */
+void conn_answer(struct conn *c, enum problem p, const char *detail,
+		 enum outcome o, bool close);
+/* Queue 502/504 for a failed exchange; false when the connection was cut. */
+bool conn_upstream_error(struct conn *c, enum upstream_error err);
+void conn_end_request(struct conn *c);
+void conn_close(struct conn *c, const char *reason);
+int conn_feed_parser(struct conn *c);
+void conn_forward(struct conn *c);
+void conn_client_head(struct conn *c, const struct upstream_resp *r);
+bool conn_client_body(struct conn *c, struct evbuffer *src, size_t len);
+void conn_client_done(struct conn *c);
+
+/* conn_keyed.c: a head is complete (DECIDE); body bytes for a keyed
+ * request arrived (BODY). */
+void conn_keyed_decide(struct conn *c);
+void conn_keyed_body(struct conn *c);
+
+#endif

@@ -1,0 +1,144 @@
+/*
+ * h1.c - HTTP/1 message heads, keep-alive, fields and chunks (see h1.h).
+ */
+#include "h1.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+void h1_head_init(struct h1_head *h, size_t max)
+{
+	memset(h, 0, sizeof(*h));
+	hdrlist_init(&h->fields);
+	h->max = max;
+}
+
+void h1_head_reset(struct h1_head *h, size_t max)
+{
+	hdrlist_reset(&h->fields);
+	if (h->target_cap > 1024) {
+		free(h->target);
+		h->target = NULL;
+		h->target_cap = 0;
+	}
+	h->target_len = 0;
+	if (h->target != NULL)
+		h->target[0] = '\0';
+	h->bytes = 0;
+	h->max = max;
+	h->too_large = false;
+}
+
+void h1_head_free(struct h1_head *h)
+{
+	hdrlist_free(&h->fields);
+	free(h->target);
+	h->target = NULL;
+}
+
+/* Count len more bytes against the cap. */
+static bool grow(struct h1_head *h, size_t len)
+{
+	h->bytes += len;
+	if (h->bytes > h->max) {
+		h->too_large = true;
+		return false;
+	}
+	return true;
+}
+
+int h1_head_target(struct h1_head *h, const char *at, size_t len)
+{
+	if (!grow(h, len))
+		return -1;
+	if (h->target_len + len + 1 > h->target_cap) {
+		size_t cap = h->target_cap ? h->target_cap : 128;
+		char *t;
+
+		while (cap < h->target_len + len + 1)
+			cap *= 2;
+		t = realloc(h->target, cap);
+		if (t == NULL)
+			return -1;
+		h->target = t;
+		h->target_cap = cap;
+	}
+	memcpy(h->target + h->target_len, at, len);
+	h->target_len += len;
+	h->target[h->target_len] = '\0';
+	return 0;
+}
+
+int h1_head_name(struct h1_head *h, const char *at, size_t len)
+{
+	return grow(h, len) && hdrlist_add_name(&h->fields, at, len) == 0 ? 0 : -1;
+}
+
+int h1_head_value(struct h1_head *h, const char *at, size_t len)
+{
+	return grow(h, len) && hdrlist_add_value(&h->fields, at, len) == 0 ? 0 : -1;
+}
+
+int h1_head_end_field(struct h1_head *h)
+{
+	return hdrlist_end_field(&h->fields);
+}
+
+bool h1_keep_alive(const struct hdrlist *h, int major, int minor)
+{
+	bool keep = major == 1 && minor >= 1;
+
+	for (int i = hdrlist_find(h, "connection", 0); i >= 0;
+	     i = hdrlist_find(h, "connection", (uint32_t)i + 1)) {
+		const char *v = hdr_value(h, (uint32_t)i);
+		size_t n = h->v[i].value_len;
+
+		if (httphdr_list_has(v, n, "close"))
+			return false;
+		if (httphdr_list_has(v, n, "keep-alive"))
+			keep = true;
+	}
+	return keep;
+}
+
+void h1_write_fields(struct evbuffer *out, const struct hdrlist *h,
+		     h1_field_filter keep, void *arg)
+{
+	for (uint32_t i = 0; i < h->n; i++) {
+		if (keep != NULL && !keep(h, i, arg))
+			continue;
+		evbuffer_add(out, hdr_name(h, i), h->v[i].name_len);
+		evbuffer_add(out, ": ", 2);
+		evbuffer_add(out, hdr_value(h, i), h->v[i].value_len);
+		evbuffer_add(out, "\r\n", 2);
+	}
+}
+
+void h1_write_connection(struct evbuffer *out, bool close, bool http10)
+{
+	if (close)
+		evbuffer_add(out, "Connection: close\r\n", 19);
+	else if (http10)
+		evbuffer_add(out, "Connection: keep-alive\r\n", 24);
+}
+
+void h1_chunk(struct evbuffer *out, const char *at, size_t len)
+{
+	evbuffer_add_printf(out, "%zx\r\n", len);
+	evbuffer_add(out, at, len);
+	evbuffer_add(out, "\r\n", 2);
+}
+
+void h1_chunk_move(struct evbuffer *out, struct evbuffer *src, size_t len)
+{
+	evbuffer_add_printf(out, "%zx\r\n", len);
+	evbuffer_remove_buffer(src, out, len);
+	evbuffer_add(out, "\r\n", 2);
+}
+
+void h1_last_chunk(struct evbuffer *out)
+{
+	evbuffer_add(out, "0\r\n\r\n", 5);
+}

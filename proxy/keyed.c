@@ -1,0 +1,289 @@
+/*
+ * keyed.c - preparing a protected request for the engine (see keyed.h).
+ */
+#include "keyed.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <llhttp.h>
+#include <openssl/sha.h>
+
+#include "config.h"
+#include "fingerprint.h"
+#include "issue.h"
+#include "keysrc.h"
+#include "reqhead.h"
+#include "route.h"
+#include "verify.h"
+
+static enum keyed_verdict answer(struct keyed_answer *a, enum problem p,
+				 enum outcome o, bool close, const char *detail)
+{
+	a->problem = p;
+	a->outcome = o;
+	a->close = close;
+	snprintf(a->detail, sizeof(a->detail), "%s", detail);
+	return KEYED_ANSWER;
+}
+
+/*
+ * A route's key could not be had: missing (the source has none) or
+ * unusable (not valid key syntax, a body that does not parse). Unusable is
+ * 400; missing is 400 with require_key, else the request passes.
+ */
+static enum keyed_verdict key_unusable(const struct policy *p, bool missing,
+				       struct keyed_answer *a)
+{
+	char detail[320];
+
+	if (!missing) {
+		snprintf(detail, sizeof(detail), "the key from %s%s is not 1-255 "
+			 "visible ASCII characters (with key_prefix), or the body "
+			 "cannot be parsed", route_key_source_name(p->key_source),
+			 p->key_name ? p->key_name : "");
+		return answer(a, PROBLEM_INVALID_KEY, OUTCOME_INVALID_KEY, false,
+			      detail);
+	}
+	if (!p->require_key)
+		return KEYED_PASS;
+	snprintf(detail, sizeof(detail), "this request needs an idempotency key "
+		 "(%s%s)", route_key_source_name(p->key_source),
+		 p->key_name ? p->key_name : "");
+	return answer(a, PROBLEM_MISSING_KEY, OUTCOME_MISSING_KEY, false, detail);
+}
+
+/* The key from a header field: exactly one, valid syntax (DESIGN §1.3). */
+static enum keyed_verdict header_key(const struct keyed_head *h,
+				     struct keyed_key *k, struct keyed_answer *a)
+{
+	const struct policy *p = h->policy;
+	const struct hdrlist *f = h->fields;
+	char raw[IDEMKEY_MAX + 1];
+	int i = hdrlist_find(f, p->key_name, 0);
+
+	if (i < 0)
+		return key_unusable(p, true, a);	/* drop-in: legacy clients */
+	if (hdrlist_find(f, p->key_name, (uint32_t)i + 1) >= 0 ||
+	    idemkey_parse(hdr_value(f, (uint32_t)i), f->v[i].value_len, raw) < 0 ||
+	    keysrc_finish(p->key_prefix, raw, strlen(raw), k->key) < 0)
+		return answer(a, PROBLEM_INVALID_KEY, OUTCOME_INVALID_KEY, false,
+			      "the key must be one header of 1-255 visible ASCII "
+			      "characters, optionally as a quoted string");
+	return KEYED_BUFFER;
+}
+
+enum keyed_verdict keyed_start(const struct keyed_head *h, struct keyed_key *k,
+			       struct keyed_answer *a)
+{
+	const struct policy *p = h->policy;
+	enum keyed_verdict v = KEYED_BUFFER;
+	int r;
+
+	k->key[0] = '\0';
+	k->pending = false;
+	switch (p->key_source) {
+	case KEY_SRC_HEADER:
+		v = header_key(h, k, a);
+		break;
+	case KEY_SRC_QUERY:
+		r = keysrc_query(h->target, p->key_name, p->key_prefix, k->key);
+		if (r < 0)
+			v = key_unusable(p, r == KEYSRC_MISSING, a);
+		break;
+	case KEY_SRC_FORM:
+	case KEY_SRC_JSON:
+	case KEY_SRC_AUTO:
+		k->pending = true;	/* known once the body is here */
+		break;
+	case KEY_SRC_NONE:
+		return KEYED_PASS;
+	}
+	if (v == KEYED_BUFFER && h->body == BODY_LENGTH && h->length > p->max_body)
+		return answer(a, PROBLEM_BODY_TOO_LARGE, OUTCOME_TOO_LARGE, true,
+			      "the request body is larger than max_body");
+	return v;
+}
+
+/*
+ * Is the body of this media type? For json, any "+json" suffix type counts
+ * (application/problem+json). Parameters (charset) are ignored.
+ */
+static bool content_type_is(const struct hdrlist *f, const char *type)
+{
+	int i = hdrlist_find(f, "content-type", 0);
+	const char *v, *end;
+	size_t n, tn = strlen(type);
+
+	if (i < 0)
+		return false;
+	v = hdr_value(f, (uint32_t)i);
+	while (*v == ' ' || *v == '\t')
+		v++;
+	end = v + strcspn(v, "; \t");
+	n = (size_t)(end - v);
+	if (n == tn && strncasecmp(v, type, n) == 0)
+		return true;
+	return strcmp(type, "application/json") == 0 && n > 17 &&
+	       strncasecmp(v, "application/", 12) == 0 &&
+	       strncasecmp(end - 5, "+json", 5) == 0;
+}
+
+/* Keys are namespaced by the SHA-256 of the scope header's value. */
+static void scope_of(const struct keyed_head *h, char scope[STORE_SCOPE_LEN + 1])
+{
+	const struct policy *p = h->policy;
+	unsigned char md[32];
+	const char *v = "";
+	size_t len = 0;
+	int i;
+
+	scope[0] = '\0';
+	if (p->scope_header == NULL)
+		return;
+	i = hdrlist_find(h->fields, p->scope_header, 0);
+	if (i >= 0) {
+		v = hdr_value(h->fields, (uint32_t)i);
+		len = h->fields->v[i].value_len;
+	}
+	SHA256((const unsigned char *)v, len, md);
+	for (int j = 0; j < 32; j++)
+		snprintf(scope + 2 * j, 3, "%02x", md[j]);
+}
+
+/* A signed callback is checked before anything is claimed. */
+static bool signature_ok(const struct keyed_head *h, const char *body,
+			 size_t len, struct keyed_answer *a)
+{
+	const struct policy *p = h->policy;
+	int s;
+
+	if (p->verify == VERIFY_NONE)
+		return true;
+	s = hdrlist_find(h->fields, p->verify_header, 0);
+	if (s >= 0 && verify_signature(p->verify, p->verify_secret,
+				       p->verify_secret_len,
+				       hdr_value(h->fields, (uint32_t)s),
+				       h->fields->v[s].value_len, body, len,
+				       time(NULL), p->verify_tolerance_ms))
+		return true;
+	answer(a, PROBLEM_SIGNATURE_INVALID, OUTCOME_SIGNATURE_INVALID, false,
+	       s < 0 ? "the signature header is missing" :
+		       "the signature does not match the body, or its "
+		       "timestamp is outside verify_tolerance");
+	return false;
+}
+
+/* The key a form, JSON or auto route takes from the body: >= 0, or
+ * KEYSRC_MISSING / KEYSRC_INVALID. */
+static int body_key(const struct keyed_head *h, const char *body, size_t len,
+		    const uint8_t fp[FP_LEN], char key[IDEMKEY_MAX + 1])
+{
+	const struct policy *p = h->policy;
+	char hex[2 * FP_LEN + 1];
+
+	switch (p->key_source) {
+	case KEY_SRC_FORM:
+		if (!content_type_is(h->fields, "application/x-www-form-urlencoded"))
+			return KEYSRC_MISSING;
+		return keysrc_form(body, len, p->key_name, p->key_prefix, key);
+	case KEY_SRC_JSON:
+		if (!content_type_is(h->fields, "application/json"))
+			return KEYSRC_MISSING;
+		return keysrc_json(body, len, p->key_name, p->key_prefix, key);
+	case KEY_SRC_AUTO:
+		fp_hex(fp, hex);
+		return keysrc_finish(p->key_prefix, hex, strlen(hex), key);
+	default:
+		return KEYSRC_INVALID;
+	}
+}
+
+/* The engine's settings from the policy; the key and its scope. */
+static void fill_request(const struct keyed_head *h, const struct keyed_key *k,
+			 struct idem_request *req)
+{
+	const struct policy *p = h->policy;
+
+	snprintf(req->claim.key.key, sizeof(req->claim.key.key), "%s", k->key);
+	scope_of(h, req->claim.key.scope);
+	req->claim.lease_ms = p->lease_ms;
+	req->claim.ttl_ms = p->ttl_ms;
+	req->in_flight = (enum in_flight_mode)p->in_flight;
+	req->wait_timeout_ms = p->wait_timeout_ms;
+	req->upstream_timeout_ms = h->cfg->upstream_timeout_ms;
+	req->max_cached_response = p->max_cached_response;
+	req->store_down = (enum store_down_mode)p->store_down;
+	req->on_upstream_error = (enum upstream_error_mode)p->on_upstream_error;
+	req->head_method = h->method == HTTP_HEAD;
+	req->keep_set_cookie = p->scope_header != NULL;
+	req->check_issued = p->require_issued_key;
+	/* the key as issued: without the route's prefix */
+	snprintf(req->issued_key, sizeof(req->issued_key), "%s",
+		 k->key + strlen(p->key_prefix));
+	req->issued_at = issue_time(req->issued_key);
+	req->issued_ttl_ms = p->issued_key_ttl_ms;
+	snprintf(req->issued_scope, sizeof(req->issued_scope), "%s", ISSUE_SCOPE);
+	req->issued_lease_ms = issue_marker_ttl(h->cfg);
+}
+
+/* The fingerprint of method, raw target and body (DESIGN §1.5). */
+static int fingerprint(const struct keyed_head *h, struct evbuffer *body,
+		       uint8_t fp[FP_LEN])
+{
+	struct evbuffer_iovec v[64];
+	int n = evbuffer_peek(body, -1, NULL, NULL, 0);
+
+	if (n > 64) {
+		evbuffer_pullup(body, -1);	/* rare: a body in many pieces */
+		n = 1;
+	}
+	n = evbuffer_peek(body, -1, NULL, v, n);
+	return fp_compute(llhttp_method_name((llhttp_method_t)h->method),
+			  h->target, (const struct iovec *)v, n, fp);
+}
+
+enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k,
+				 struct evbuffer *body, struct idem_request *req,
+				 struct keyed_answer *a)
+{
+	size_t len = evbuffer_get_length(body);
+	const char *flat;
+	struct reqhead rh = {
+		.method = h->method,
+		.target = reqhead_origin_target(h->target, h->method),
+		.fields = h->fields, .peer = h->peer, .cfg = h->cfg,
+		.body = h->body == BODY_NONE ? BODY_NONE : BODY_LENGTH,
+		.length = len, .drop_expect = true,
+	};
+
+	memset(req, 0, sizeof(*req));
+	if (fingerprint(h, body, req->claim.fp) < 0)
+		goto fail;
+	flat = len ? (const char *)evbuffer_pullup(body, -1) : "";
+	if (!signature_ok(h, flat, len, a))
+		return KEYED_ANSWER;
+	if (k->pending) {
+		int r = body_key(h, flat, len, req->claim.fp, k->key);
+
+		if (r < 0) {
+			if (key_unusable(h->policy, r == KEYSRC_MISSING, a) ==
+			    KEYED_ANSWER)
+				return KEYED_ANSWER;
+			req->unprotected = true;  /* pass through, body and all */
+		}
+	}
+	fill_request(h, k, req);
+	req->request = evbuffer_new();
+	if (req->request == NULL)
+		goto fail;
+	reqhead_write(req->request, &rh);
+	evbuffer_add_buffer(req->request, body);
+	return KEYED_ENGINE;
+fail:
+	return answer(a, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_UNAVAILABLE,
+		      false, "cannot start the claim");
+}

@@ -1,0 +1,79 @@
+/*
+ * keyed.h - a protected request on its way to the engine, without a socket:
+ * the route's policy, the request head and (later) its buffered body in;
+ * the engine's request, or the answer the proxy gives itself, out.
+ *
+ *   keyed_start(head)  ──▶ PASS    forward it unprotected, body streamed
+ *        │                 ANSWER  400 (invalid or missing key), 413
+ *        ▼ BUFFER
+ *   (conn.c buffers the body up to max_body)
+ *        │
+ *   keyed_prepare(head, body) ──▶ ENGINE  the idem_request is filled
+ *                                 ANSWER  401 (signature), 400 (key)
+ *
+ * DESIGN.md §1 items 2-5, §4 (key sources, scope, verify, issued keys).
+ */
+#ifndef IDEMPROXY_KEYED_H
+#define IDEMPROXY_KEYED_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "httphdr.h"
+#include "idem.h"
+#include "idemkey.h"
+#include "metrics.h"
+#include "problem.h"
+
+struct config;
+struct evbuffer;
+struct policy;
+
+/* What the head of a protected request says. */
+struct keyed_head {
+	const struct policy *policy;	/* the route's, or the global one */
+	const struct config *cfg;
+	int method;			/* llhttp method number */
+	const char *target;		/* raw request-target */
+	const struct hdrlist *fields;
+	enum body_kind body;		/* NONE, LENGTH or CHUNKED */
+	uint64_t length;		/* BODY_LENGTH: declared length */
+	const char *peer;		/* for X-Forwarded-For */
+};
+
+enum keyed_verdict {
+	KEYED_PASS,		/* forward unprotected, as a legacy request */
+	KEYED_BUFFER,		/* buffer the body, then keyed_prepare() */
+	KEYED_ENGINE,		/* hand the request to the engine */
+	KEYED_ANSWER,		/* answer with the problem */
+};
+
+/* The key as far as the head tells it. */
+struct keyed_key {
+	char key[IDEMKEY_MAX + 1];	/* with the route's key_prefix */
+	bool pending;			/* it comes from the body */
+};
+
+/* A problem the proxy answers with instead. */
+struct keyed_answer {
+	enum problem problem;
+	enum outcome outcome;
+	bool close;			/* the body was not read: close after */
+	char detail[320];
+};
+
+/* At the end of the head: PASS, BUFFER or ANSWER. */
+enum keyed_verdict keyed_start(const struct keyed_head *h, struct keyed_key *k,
+			       struct keyed_answer *a);
+
+/*
+ * With the whole body buffered: ENGINE (req filled; the body was moved
+ * into req->request behind the upstream head) or ANSWER. A body key that
+ * cannot be had without require_key sends the request through unprotected
+ * (req->unprotected) - still ENGINE, since the body is buffered.
+ */
+enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k,
+				 struct evbuffer *body, struct idem_request *req,
+				 struct keyed_answer *a);
+
+#endif

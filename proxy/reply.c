@@ -1,0 +1,97 @@
+/*
+ * reply.c - the responses the proxy writes itself (see reply.h).
+ */
+#include "reply.h"
+
+#include <string.h>
+#include <strings.h>
+
+#include <event2/buffer.h>
+
+#include "h1.h"
+#include "upstream.h"
+
+static void status_line(struct evbuffer *out, int status)
+{
+	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status,
+			    http_reason(status));
+}
+
+void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
+		   struct reply_conn rc)
+{
+	char body[1024];
+	size_t len = problem_render(p, detail, body, sizeof(body));
+	int status = problem_status(p);
+
+	status_line(out, status);
+	evbuffer_add_printf(out, "Content-Type: application/problem+json\r\n"
+			    "Content-Length: %zu\r\n", len);
+	if (status == 503 || p == PROBLEM_IN_PROGRESS)
+		evbuffer_add(out, "Retry-After: 1\r\n", 16);
+	h1_write_connection(out, rc.close, rc.http10);
+	evbuffer_add(out, "\r\n", 2);
+	evbuffer_add(out, body, len);
+}
+
+/* End-to-end fields of a relayed head; keep_cl keeps Content-Length. */
+static bool relayed_field(const struct hdrlist *h, uint32_t i, void *arg)
+{
+	bool keep_cl = *(const bool *)arg;
+	bool is_cl = h->v[i].name_len == 14 &&
+		     strncasecmp(hdr_name(h, i), "content-length", 14) == 0;
+
+	return !httphdr_drop_on_forward(h, i) || (is_cl && keep_cl);
+}
+
+void reply_relay_head(struct evbuffer *out, const struct upstream_resp *r,
+		      bool keep_cl, bool chunked, struct reply_conn rc)
+{
+	status_line(out, r->status);
+	h1_write_fields(out, r->headers, relayed_field, &keep_cl);
+	if (r->status >= 200) {
+		if (r->body == BODY_LENGTH)
+			evbuffer_add_printf(out, "Content-Length: %llu\r\n",
+					    (unsigned long long)r->content_length);
+		else if (chunked)
+			evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
+		h1_write_connection(out, rc.close, rc.http10);
+	}
+	evbuffer_add(out, "\r\n", 2);
+}
+
+/* evbuffer_add_reference's cleanup: the replay has been written out. */
+static void unref_stored(const void *data, size_t len, void *extra)
+{
+	stored_response_unref(extra);
+}
+
+void reply_replay(struct evbuffer *out, struct stored_response *r, bool head,
+		  struct reply_conn rc)
+{
+	status_line(out, r->status);
+	evbuffer_add(out, r->head, r->head_len);
+	if (head || r->status == 204 || r->status == 304 || r->status < 200)
+		evbuffer_add(out, "Idempotent-Replayed: true\r\n", 27);
+	else
+		evbuffer_add_printf(out, "Content-Length: %zu\r\n"
+				    "Idempotent-Replayed: true\r\n", r->body_len);
+	h1_write_connection(out, rc.close, rc.http10);
+	evbuffer_add(out, "\r\n", 2);
+	/* one stored body, shared by every replay in progress */
+	if (r->body_len > 0 && !head &&
+	    evbuffer_add_reference(out, r->body, r->body_len, unref_stored,
+				   stored_response_ref(r)) < 0)
+		stored_response_unref(r);
+}
+
+void reply_issued_key(struct evbuffer *out, const char *key,
+		      struct reply_conn rc)
+{
+	status_line(out, 200);
+	evbuffer_add_printf(out, "Content-Type: application/json\r\n"
+			    "Cache-Control: no-store\r\n"
+			    "Content-Length: %zu\r\n", strlen(key) + 10);
+	h1_write_connection(out, rc.close, rc.http10);
+	evbuffer_add_printf(out, "\r\n{\"key\":\"%s\"}", key);
+}

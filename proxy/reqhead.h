@@ -1,0 +1,35 @@
+/*
+ * reqhead.h - the request head the proxy sends upstream: request line with
+ * the upstream's path prefix, the client's end-to-end fields, Host when the
+ * client sent none, X-Forwarded-For/-Proto/-Host (DESIGN.md §1, §7), and
+ * our own body framing.
+ */
+#ifndef IDEMPROXY_REQHEAD_H
+#define IDEMPROXY_REQHEAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "httphdr.h"
+
+struct config;
+struct evbuffer;
+
+struct reqhead {
+	int method;			/* llhttp method number */
+	const char *target;		/* origin form (reqhead_origin_target) */
+	const struct hdrlist *fields;	/* as the client sent them */
+	const char *peer;		/* the client's address */
+	const struct config *cfg;	/* upstream prefix, host and port */
+	enum body_kind body;		/* NONE, LENGTH or CHUNKED */
+	uint64_t length;		/* BODY_LENGTH: the whole body */
+	bool drop_expect;		/* the proxy answered 100-continue */
+};
+
+void reqhead_write(struct evbuffer *out, const struct reqhead *r);
+
+/* The request-target in origin form, or NULL when it cannot be forwarded.
+ * An absolute-form target ("http://host/path") is cut to its path. */
+const char *reqhead_origin_target(const char *target, int method);
+
+#endif
