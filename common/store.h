@@ -7,6 +7,9 @@
  * (store_memory.c) and, beside it, PostgreSQL with an optional Redis fast
  * path. The engine (proxy/idem.c) sees only this interface.
  *
+ * Each backend counts its own failures (idemproxy_store_errors_total, by
+ * store); callers only act on the results.
+ *
  * Every call is asynchronous: it returns a handle at once and reports
  * through its callback on the caller's event loop, never inside the call
  * itself. store_cancel() withdraws a handle; its callback will not run.
@@ -126,8 +129,6 @@ struct store_ops {
 	 * opened and closed here. Either may be NULL. */
 	void (*thread_init)(struct store *s, struct event_base *base);
 	void (*thread_done)(struct store *s, struct event_base *base);
-	/* Which store a failure is counted against (metrics). */
-	int kind;
 	void (*free)(struct store *s);
 };
 

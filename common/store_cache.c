@@ -453,8 +453,6 @@ static const struct store_ops cache_ops = {
 	.thread_init = cache_thread_init,
 	.thread_done = cache_thread_done,
 	.free = cache_free,
-	/* a claim or completion fails in the store behind, PostgreSQL */
-	.kind = STORE_KIND_POSTGRES,
 };
 
 /* ---- what the store behind heard ---------------------------------------- */

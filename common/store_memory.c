@@ -237,6 +237,7 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		    (e->id = strdup(id)) == NULL) {
 			free(e);
 			st = STORE_FULL;
+			metrics_store_error(STORE_KIND_MEMORY);
 			goto out;
 		}
 		e->hash = h;
@@ -489,7 +490,6 @@ static const struct store_ops mem_ops = {
 	.ready = mem_ready,
 	.sweep = mem_sweep,
 	.free = mem_free,
-	.kind = STORE_KIND_MEMORY,
 };
 
 struct store *store_memory_new(size_t max_bytes, store_clock_fn clock)

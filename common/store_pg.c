@@ -41,34 +41,17 @@
  * waiters. A waiter also wakes every PG_POLL_MS to claim again, so a lost
  * notification (listener reconnecting) costs at most that much latency.
  */
-#include "store_pg.h"
+#include "store_pg_priv.h"
 
 #include <arpa/inet.h>
-#include <pthread.h>
-#include <stdatomic.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/queue.h>
-
-#include <event2/event.h>
-#include <libpq-fe.h>
 
 #include "clock.h"
 #include "log.h"
 #include "metrics.h"
 
-#define PG_POLL_MS 500
-#define PG_OP_TIMEOUT_MS 5000	/* a batch on the wire; an operation's life */
-#define PG_CONNECT_TIMEOUT_MS 5000
-#define PG_BACKOFF_MIN_MS 100
-#define PG_BACKOFF_MAX_MS 5000
-#define PG_BACKOFF_PENDING_MS 250	/* reconnect this often while work waits */
-#define PG_SWEEP_BATCH 1000
-#define PG_CLAIM_RETRIES 5	/* the record changed under the statement */
-#define PG_STMT_ERRORS 3	/* a statement failing on its own */
-#define PG_BATCH_MAX 64		/* operations per pipeline */
 #define PG_LOCK_MIGRATE "7165310201"	/* advisory lock keys */
 #define PG_LOCK_SWEEP "7165310202"
 
@@ -214,243 +197,15 @@ static const char sweep_sql[] =
 	"       coalesce(extract(epoch FROM now() - min(expires_at)), 0)::bigint::text\n"
 	"  FROM d";
 
-enum pg_kind {
-	PG_CLAIM,
-	PG_COMPLETE,
-	PG_RELEASE,
-	PG_EXTEND,
-	PG_SWEEP,
-	PG_WATCH,
-};
-
 static const char *const stmt_names[] = {
 	[PG_CLAIM] = "idem_claim", [PG_COMPLETE] = "idem_complete",
 	[PG_RELEASE] = "idem_release", [PG_EXTEND] = "idem_extend",
 	[PG_SWEEP] = "idem_sweep",
 };
 
-/* Where an operation is; exactly one place at a time. */
-enum op_where {
-	OP_NEW,			/* being set up */
-	OP_QUEUED,		/* on local->queue; o->ev is its deadline */
-	OP_RUNNING,		/* in a connection's batch on the wire */
-	OP_WATCHING,		/* on local->watchers; o->ev is the poll */
-	OP_DELIVERING,		/* o->ev is active: the callback runs next */
-};
-
-struct pg_local;
-struct pg_op;
-TAILQ_HEAD(pg_ops, pg_op);
-
-struct pg_op {
-	struct store_op op;		/* first: the generic handle */
-	enum pg_kind kind;
-	struct pg_local *local;
-	store_cb cb;			/* NULL: internal, or cancelled */
-	void *arg;
-	struct event *ev;		/* see enum op_where */
-	struct store_result res;
-	TAILQ_ENTRY(pg_op) link;	/* queue, watchers or a batch */
-	enum op_where where;
-	bool sent;			/* on the wire once: outcome may exist */
-	bool solo;			/* retry it alone (failed, or abandoned) */
-	bool abandoned;			/* a claim nobody waits for: abandon() */
-	int changed;			/* claims: record changed under us */
-	int errors;			/* its own statement failed */
-	uint64_t deadline_ms;		/* monotonic: give up after this */
-	/* this attempt, until its batch's Sync */
-	PGresult *result;
-	bool stmt_failed;
-
-	struct store_key key;
-	uint8_t fp[FP_LEN];
-	char owner[STORE_OWNER_LEN + 1];
-	uint64_t lease_ms, ttl_ms;
-	struct stored_response *resp;
-};
-
-enum pgc_state {
-	PGC_DOWN,		/* waiting to reconnect (back-off timer) */
-	PGC_CONNECTING,		/* PQconnectPoll steps */
-	PGC_SETUP,		/* migration and PREPAREs (or LISTEN) */
-	PGC_IDLE,		/* statement connections: in pipeline mode */
-	PGC_BUSY,		/* one batch on the wire */
-};
-
-struct pg_conn {
-	struct pg_local *local;
-	PGconn *pg;
-	struct event *io;
-	struct event *timer;		/* back-off, or the batch deadline */
-	enum pgc_state state;
-	struct pg_ops batch;		/* BUSY: the batch's operations, in order */
-	struct pg_op *reading;		/* whose result comes next; NULL: Sync */
-	bool batch_failed;		/* an error: the transaction rolled back */
-	int backoff_ms;
-	uint64_t retry_at;		/* DOWN: monotonic ms of the next attempt */
-	bool listener;
-	bool used;			/* opened: pools grow on demand */
-	bool was_up;
-};
-
-struct pg_local {
-	struct pg_store *s;
-	struct event_base *base;
-	struct pg_conn *conns;
-	int nconns;
-	struct pg_conn listen;
-	struct pg_ops queue;
-	struct pg_ops watchers;
-	int up;				/* connections IDLE or BUSY */
-	bool sweeping;
-	struct pg_local *next;		/* s->locals */
-};
-
-struct pg_store {
-	struct store base;
-	char *conninfo;
-	char *setup_sql;		/* schema + PREPAREs */
-	int conns_per_thread;
-	atomic_int up;			/* connections up, all threads */
-	atomic_bool down_logged;
-	pthread_mutex_t mu;
-	struct pg_local *locals;
-	store_pg_notify_fn notify_fn;	/* every notification (a cache) */
-	void *notify_arg;
-};
-
-static void conn_start(struct pg_conn *c);
-static void dispatch(struct pg_local *l);
-static void grow(struct pg_local *l);
-static int conn_init(struct pg_local *l, struct pg_conn *c, bool listener);
-static void enqueue(struct pg_op *o, bool head);
-
-/* ---- finding the calling thread's pool ----------------------------- */
-
-static _Thread_local struct {
-	struct pg_store *s;
-	struct event_base *base;
-	struct pg_local *local;
-} tl_cache;
-
-static struct pg_local *local_for(struct pg_store *s, struct event_base *base)
+const char *pg_stmt_name(enum pg_kind kind)
 {
-	struct pg_local *l;
-
-	if (tl_cache.s == s && tl_cache.base == base)
-		return tl_cache.local;
-	pthread_mutex_lock(&s->mu);
-	for (l = s->locals; l != NULL; l = l->next)
-		if (l->base == base)
-			break;
-	pthread_mutex_unlock(&s->mu);
-	if (l != NULL) {
-		tl_cache.s = s;
-		tl_cache.base = base;
-		tl_cache.local = l;
-	}
-	return l;
-}
-
-/* ---- operations ---------------------------------------------------- */
-
-static void op_clear_attempt(struct pg_op *o)
-{
-	if (o->result != NULL) {
-		PQclear(o->result);
-		o->result = NULL;
-	}
-	o->stmt_failed = false;
-}
-
-static void op_free(struct pg_op *o)
-{
-	if (o->ev != NULL)
-		event_free(o->ev);
-	op_clear_attempt(o);
-	stored_response_unref(o->resp);
-	stored_response_unref(o->res.resp);
-	free(o);
-}
-
-static void give_up(struct pg_op *o);
-
-static void op_ev_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct pg_op *o = arg;
-
-	switch (o->where) {
-	case OP_QUEUED:
-		/* its deadline passed before a connection could take it */
-		TAILQ_REMOVE(&o->local->queue, o, link);
-		o->where = OP_NEW;
-		give_up(o);
-		return;
-	case OP_WATCHING:
-		/* the poll timeout: claim again */
-		TAILQ_REMOVE(&o->local->watchers, o, link);
-		o->res.status = STORE_SETTLED;
-		break;
-	case OP_DELIVERING:
-		break;
-	case OP_NEW:
-	case OP_RUNNING:
-		log_error("postgres store: operation event in a wrong place");
-		return;
-	}
-	o->where = OP_DELIVERING;
-	if (o->cb != NULL)
-		o->cb(o->arg, &o->res);
-	op_free(o);
-}
-
-/* Report the result on the caller's loop (next turn). */
-static void op_finish(struct pg_op *o, enum store_status st)
-{
-	o->res.status = st;
-	if (o->cb == NULL) {
-		op_free(o);	/* internal or cancelled: nobody to tell */
-		return;
-	}
-	event_del(o->ev);
-	o->where = OP_DELIVERING;
-	event_active(o->ev, EV_TIMEOUT, 1);
-}
-
-static struct pg_op *op_alloc(struct pg_local *l, enum pg_kind kind,
-			      const struct store_key *k, store_cb cb, void *arg)
-{
-	struct pg_op *o = calloc(1, sizeof(*o));
-
-	if (o == NULL)
-		return NULL;
-	o->op.store = &l->s->base;
-	o->kind = kind;
-	o->local = l;
-	o->cb = cb;
-	o->arg = arg;
-	if (k != NULL)
-		o->key = *k;
-	o->deadline_ms = clock_ms() + PG_OP_TIMEOUT_MS;
-	o->ev = event_new(l->base, -1, 0, op_ev_cb, o);
-	if (o->ev == NULL) {
-		free(o);
-		return NULL;
-	}
-	return o;
-}
-
-static struct pg_op *op_new(struct pg_store *s, struct event_base *base,
-			    enum pg_kind kind, const struct store_key *k,
-			    store_cb cb, void *arg)
-{
-	struct pg_local *l = local_for(s, base);
-
-	if (l == NULL) {
-		log_error("postgres store used on a loop it was not set up for");
-		return NULL;
-	}
-	return op_alloc(l, kind, k, cb, arg);
+	return stmt_names[kind];
 }
 
 /*
@@ -461,7 +216,7 @@ static struct pg_op *op_new(struct pg_store *s, struct event_base *base,
 static void release_owned(struct pg_local *l, const struct store_key *k,
 			  const char *owner, uint64_t lease_ms)
 {
-	struct pg_op *o = op_alloc(l, PG_RELEASE, k, NULL, NULL);
+	struct pg_op *o = pg_op_alloc(l, PG_RELEASE, k, NULL, NULL);
 
 	if (o == NULL) {
 		log_error("key %s: out of memory; an abandoned claim stays until "
@@ -470,7 +225,7 @@ static void release_owned(struct pg_local *l, const struct store_key *k,
 	}
 	memcpy(o->owner, owner, sizeof(o->owner));
 	o->deadline_ms = clock_ms() + lease_ms;
-	enqueue(o, false);
+	pg_enqueue(o, false);
 }
 
 /*
@@ -494,7 +249,7 @@ static void abandon(struct pg_op *o)
  * caller). */
 static void abandon_copy(const struct pg_op *o)
 {
-	struct pg_op *a = op_alloc(o->local, PG_CLAIM, &o->key, NULL, NULL);
+	struct pg_op *a = pg_op_alloc(o->local, PG_CLAIM, &o->key, NULL, NULL);
 
 	if (a == NULL) {
 		log_error("key %s: out of memory; a claim whose outcome is "
@@ -507,7 +262,7 @@ static void abandon_copy(const struct pg_op *o)
 	a->ttl_ms = o->ttl_ms;
 	a->sent = true;
 	abandon(a);
-	enqueue(a, false);
+	pg_enqueue(a, false);
 }
 
 /*
@@ -515,283 +270,18 @@ static void abandon_copy(const struct pg_op *o)
  * report STORE_ERROR; a claim that was sent goes on abandoned. An
  * abandoned claim past its deadline is simply dropped: its lease is over.
  */
-static void give_up(struct pg_op *o)
+void pg_give_up(struct pg_op *o)
 {
 	if (o->kind == PG_SWEEP)
 		o->local->sweeping = false;
 	if (o->abandoned) {
-		op_free(o);
+		pg_op_free(o);
 		return;
 	}
 	if (o->kind == PG_CLAIM && o->sent)
 		abandon_copy(o);
 	metrics_store_error(STORE_KIND_POSTGRES);
-	op_finish(o, STORE_ERROR);
-}
-
-/* Is any statement connection of l up, or on its way up? */
-static bool may_serve(const struct pg_local *l)
-{
-	for (int i = 0; i < l->nconns; i++)
-		if (l->conns[i].used && l->conns[i].state != PGC_DOWN)
-			return true;
-	return false;
-}
-
-/*
- * Work waits and no connection is up: reconnect soon rather than after
- * the full back-off, so that a pending outcome meets a PostgreSQL that
- * came back at once.
- */
-static void hasten(struct pg_local *l)
-{
-	uint64_t now = clock_ms();
-
-	for (int i = 0; i < l->nconns; i++) {
-		struct pg_conn *c = &l->conns[i];
-		struct timeval tv = clock_tv(PG_BACKOFF_PENDING_MS);
-
-		if (!c->used || c->state != PGC_DOWN ||
-		    c->retry_at <= now + PG_BACKOFF_PENDING_MS)
-			continue;
-		c->retry_at = now + PG_BACKOFF_PENDING_MS;
-		evtimer_add(c->timer, &tv);
-	}
-}
-
-/*
- * Put o on the queue (at the head for a retry, keeping its turn) with its
- * deadline armed, and hand the queue to idle connections.
- */
-static void enqueue(struct pg_op *o, bool head)
-{
-	struct pg_local *l = o->local;
-	uint64_t now = clock_ms();
-	struct timeval tv = clock_tv(o->deadline_ms > now ? o->deadline_ms - now : 0);
-
-	o->where = OP_QUEUED;
-	if (head)
-		TAILQ_INSERT_HEAD(&l->queue, o, link);
-	else
-		TAILQ_INSERT_TAIL(&l->queue, o, link);
-	event_add(o->ev, &tv);
-	if (!may_serve(l))
-		hasten(l);
-	dispatch(l);
-}
-
-/* Submit a new operation. A fresh claim with no connection up or coming
- * up fails at once: nothing was sent, so "not claimed" is exact. */
-static struct store_op *op_submit(struct pg_op *o)
-{
-	if (o->kind == PG_CLAIM && !may_serve(o->local)) {
-		op_finish(o, STORE_ERROR);
-		return &o->op;
-	}
-	enqueue(o, false);
-	return &o->op;
-}
-
-/* ---- connections ----------------------------------------------------- */
-
-static void set_up(struct pg_conn *c, bool up)
-{
-	struct pg_store *s;
-
-	if (c->was_up == up)
-		return;		/* also: a slot never opened has no local */
-	s = c->local->s;
-	c->was_up = up;
-	if (c->listener) {
-		if (s->notify_fn != NULL)
-			s->notify_fn(s->notify_arg, up ? STORE_PG_LISTEN_UP :
-						STORE_PG_LISTEN_DOWN, NULL);
-		return;
-	}
-	c->local->up += up ? 1 : -1;
-	if (up) {
-		if (atomic_fetch_add(&s->up, 1) == 0 &&
-		    atomic_exchange(&s->down_logged, false))
-			log_info("postgres store reachable again");
-	} else {
-		atomic_fetch_sub(&s->up, 1);
-	}
-}
-
-/*
- * o's attempt is over without an outcome: rolled back (known: nothing
- * happened) or unknown (it may have committed). Send it again while its
- * deadline lasts. Cancelled operations are dropped, except releases and
- * abandoned claims (see abandon()).
- */
-static void retry_op(struct pg_op *o)
-{
-	op_clear_attempt(o);
-	o->where = OP_NEW;
-	if (o->kind == PG_SWEEP) {
-		o->local->sweeping = false;
-		op_free(o);	/* the next interval sweeps again */
-	} else if (o->cb == NULL && o->kind != PG_RELEASE && !o->abandoned) {
-		op_free(o);	/* cancelled: nobody to tell */
-	} else if (o->errors >= PG_STMT_ERRORS || clock_ms() >= o->deadline_ms) {
-		give_up(o);
-	} else {
-		enqueue(o, true);
-	}
-}
-
-/* Take the batch off c (so that c can take the next one at once). */
-static void batch_take(struct pg_conn *c, struct pg_ops *out)
-{
-	TAILQ_INIT(out);
-	TAILQ_CONCAT(out, &c->batch, link);
-	c->reading = NULL;
-}
-
-/* The batch's outcome is unknown (connection lost, timed out): every
- * operation in it is sent again. */
-static void batch_unknown(struct pg_conn *c)
-{
-	struct pg_ops ops;
-	struct pg_op *o;
-
-	batch_take(c, &ops);
-	c->batch_failed = false;
-	while ((o = TAILQ_FIRST(&ops)) != NULL) {
-		TAILQ_REMOVE(&ops, o, link);
-		retry_op(o);
-	}
-}
-
-static void arm_io(struct pg_conn *c, short what);
-
-/* Fail the connection: close, reconnect later; its batch's outcome is
- * unknown. */
-static void conn_fail(struct pg_conn *c, const char *why)
-{
-	struct pg_local *l = c->local;
-	struct pg_store *s = l->s;
-	struct timeval tv;
-	struct pg_op *o, *next;
-	int delay;
-
-	if (c->pg != NULL && !atomic_exchange(&s->down_logged, true))
-		log_warn("postgres store: %s: %s", why,
-			 c->pg ? PQerrorMessage(c->pg) : "");
-	metrics_store_error(STORE_KIND_POSTGRES);
-	if (c->io != NULL) {
-		event_free(c->io);
-		c->io = NULL;
-	}
-	evtimer_del(c->timer);
-	if (c->pg != NULL) {
-		PQfinish(c->pg);
-		c->pg = NULL;
-	}
-	set_up(c, false);
-	c->state = PGC_DOWN;
-	delay = c->backoff_ms;
-	c->backoff_ms = c->backoff_ms * 2 > PG_BACKOFF_MAX_MS ?
-				PG_BACKOFF_MAX_MS : c->backoff_ms * 2;
-	if (!c->listener && !TAILQ_EMPTY(&c->batch)) {
-		batch_unknown(c);	/* may requeue: hasten sees the timer */
-		if (delay > PG_BACKOFF_PENDING_MS)
-			delay = PG_BACKOFF_PENDING_MS;
-	}
-	if (!c->listener && !may_serve(l)) {
-		/* nothing can serve the queue now: a fresh claim is refused
-		 * (never sent, so not claimed); everything else waits for a
-		 * connection until its deadline */
-		for (o = TAILQ_FIRST(&l->queue); o != NULL; o = next) {
-			next = TAILQ_NEXT(o, link);
-			if (o->kind != PG_CLAIM || o->sent)
-				continue;
-			TAILQ_REMOVE(&l->queue, o, link);
-			o->where = OP_NEW;
-			op_finish(o, STORE_ERROR);
-		}
-		if (!TAILQ_EMPTY(&l->queue) && delay > PG_BACKOFF_PENDING_MS)
-			delay = PG_BACKOFF_PENDING_MS;
-	}
-	c->retry_at = clock_ms() + (uint64_t)delay;
-	tv = clock_tv((uint64_t)delay);
-	evtimer_add(c->timer, &tv);
-}
-
-static void io_cb(evutil_socket_t fd, short what, void *arg);
-
-/* (Re)arm the socket event: the socket can change between connect steps. */
-static void arm_io(struct pg_conn *c, short what)
-{
-	int fd = PQsocket(c->pg);
-
-	if (c->io != NULL)
-		event_free(c->io);
-	c->io = event_new(c->local->base, fd, what | EV_PERSIST, io_cb, c);
-	if (c->io == NULL || event_add(c->io, NULL) < 0)
-		conn_fail(c, "cannot watch its socket");
-}
-
-/* Send what libpq has buffered; watch for writability until done. */
-static void flush(struct pg_conn *c)
-{
-	int rc = PQflush(c->pg);
-
-	if (rc < 0)
-		conn_fail(c, "send failed");
-	else
-		arm_io(c, rc == 1 ? EV_READ | EV_WRITE : EV_READ);
-}
-
-/* A new connection migrates (idempotent, under the advisory lock) and
- * prepares its statements before it takes work; the listener LISTENs. */
-static void run_setup(struct pg_conn *c)
-{
-	c->state = PGC_SETUP;
-	if (!PQsendQuery(c->pg, c->listener ? "LISTEN idemproxy" :
-						 c->local->s->setup_sql)) {
-		conn_fail(c, "setup");
-		return;
-	}
-	flush(c);
-}
-
-static void timer_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct pg_conn *c = arg;
-
-	if (c->state == PGC_DOWN)
-		conn_start(c);
-	else if (c->state == PGC_BUSY)
-		conn_fail(c, "statement timed out");
-	else if (c->state == PGC_CONNECTING || c->state == PGC_SETUP)
-		conn_fail(c, "connect timed out");
-}
-
-/* The server's notices (e.g. FATAL at shutdown) are not ours to print;
- * failures reach the log through conn_fail. */
-static void quiet(void *arg, const char *message)
-{
-	log_debug("postgres: %s", message);
-}
-
-static void conn_start(struct pg_conn *c)
-{
-	c->pg = PQconnectStart(c->local->s->conninfo);
-	if (c->pg != NULL)
-		PQsetNoticeProcessor(c->pg, quiet, NULL);
-	if (c->pg == NULL || PQstatus(c->pg) == CONNECTION_BAD ||
-	    PQsetnonblocking(c->pg, 1) != 0) {
-		conn_fail(c, "cannot start a connection");
-		return;
-	}
-	c->state = PGC_CONNECTING;
-	arm_io(c, EV_WRITE);
-	if (c->pg != NULL) {
-		struct timeval tv = clock_tv(PG_CONNECT_TIMEOUT_MS);
-
-		evtimer_add(c->timer, &tv);	/* a black-holed server */
-	}
+	pg_op_finish(o, STORE_ERROR);
 }
 
 /* Read a binary int8 column. */
@@ -823,10 +313,10 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 	if (PQntuples(r) == 0) {
 		/* the record changed under the statement: claim again */
 		if (++o->changed >= PG_CLAIM_RETRIES) {
-			op_finish(o, STORE_ERROR);
+			pg_op_finish(o, STORE_ERROR);
 			return;
 		}
-		enqueue(o, true);
+		pg_enqueue(o, true);
 		return;
 	}
 	state = PQgetvalue(r, 0, 0);
@@ -837,15 +327,15 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 			/* abandoned: nobody will execute it; give the key back
 			 * now rather than leave it stuck for a lease */
 			release_owned(o->local, &o->key, o->owner, o->lease_ms);
-			op_free(o);
+			pg_op_free(o);
 			return;
 		}
-		op_finish(o, STORE_WON);
+		pg_op_finish(o, STORE_WON);
 		return;
 	}
 	if (PQgetlength(r, 0, 1) != FP_LEN ||
 	    memcmp(PQgetvalue(r, 0, 1), o->fp, FP_LEN) != 0) {
-		op_finish(o, STORE_MISMATCH);
+		pg_op_finish(o, STORE_MISMATCH);
 		return;
 	}
 	if (slen == 9 && memcmp(state, "completed", 9) == 0) {
@@ -857,14 +347,14 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 			stored ? (size_t)PQgetlength(r, 0, 4) : 0, stored);
 		if (!PQgetisnull(r, 0, 5) && PQgetlength(r, 0, 5) == 8)
 			o->res.ttl_left_ms = get_int8(r, 0, 5);
-		op_finish(o, o->res.resp != NULL ? STORE_COMPLETED : STORE_ERROR);
+		pg_op_finish(o, o->res.resp != NULL ? STORE_COMPLETED : STORE_ERROR);
 		return;
 	}
-	op_finish(o, STORE_IN_FLIGHT);
+	pg_op_finish(o, STORE_IN_FLIGHT);
 }
 
 /* The batch of o committed: its statement's result is now its outcome. */
-static void op_committed(struct pg_op *o)
+void pg_op_committed(struct pg_op *o)
 {
 	const PGresult *r = o->result;
 
@@ -874,10 +364,10 @@ static void op_committed(struct pg_op *o)
 		return;
 	case PG_COMPLETE:
 	case PG_RELEASE:
-		op_finish(o, PQntuples(r) > 0 ? STORE_OK : STORE_FENCED);
+		pg_op_finish(o, PQntuples(r) > 0 ? STORE_OK : STORE_FENCED);
 		return;
 	case PG_EXTEND:
-		op_finish(o, strcmp(PQcmdTuples((PGresult *)r), "1") == 0 ?
+		pg_op_finish(o, strcmp(PQcmdTuples((PGresult *)r), "1") == 0 ?
 				     STORE_OK : STORE_FENCED);
 		return;
 	case PG_SWEEP:
@@ -889,214 +379,17 @@ static void op_committed(struct pg_op *o)
 			metrics_gauge_set(GAUGE_sweep_lag_seconds,
 					  strtol(PQgetvalue(r, 0, 1), NULL, 10));
 		}
-		op_finish(o, STORE_OK);
+		pg_op_finish(o, STORE_OK);
 		return;
 	case PG_WATCH:
 		break;
 	}
-	op_finish(o, STORE_ERROR);
-}
-
-/*
- * The batch's Sync arrived: the transaction is over. Committed: every
- * result is an outcome. Rolled back (a statement or the commit failed):
- * nothing happened. A statement that failed is retried alone, up to
- * PG_STMT_ERRORS times; its neighbours are sent again as they were. A
- * failed commit blames nobody in particular: every member of the batch is
- * retried alone (a batch of one counts it as its error).
- */
-static void batch_done(struct pg_conn *c)
-{
-	struct pg_ops ops;
-	struct pg_op *o;
-	bool failed = c->batch_failed, blamed = false;
-	int n = 0;
-
-	batch_take(c, &ops);
-	c->batch_failed = false;
-	TAILQ_FOREACH(o, &ops, link) {
-		blamed |= o->stmt_failed;
-		n++;
-	}
-	while ((o = TAILQ_FIRST(&ops)) != NULL) {
-		TAILQ_REMOVE(&ops, o, link);
-		o->where = OP_NEW;
-		if (!failed && o->result != NULL) {
-			op_committed(o);
-			continue;
-		}
-		if (o->stmt_failed || (!blamed && n == 1))
-			o->errors++;
-		if (o->stmt_failed || !blamed)
-			o->solo = true;
-		retry_op(o);
-	}
-}
-
-/* Wake the waiters of "<scope>:<key>". */
-static void notified(struct pg_local *l, const char *payload)
-{
-	struct pg_op *o, *next;
-	const char *colon = strchr(payload, ':');
-	size_t slen;
-
-	if (colon == NULL)
-		return;
-	if (l->s->notify_fn != NULL)
-		l->s->notify_fn(l->s->notify_arg, STORE_PG_NOTIFY, payload);
-	slen = (size_t)(colon - payload);
-	for (o = TAILQ_FIRST(&l->watchers); o != NULL; o = next) {
-		next = TAILQ_NEXT(o, link);
-		if (strlen(o->key.scope) == slen &&
-		    memcmp(o->key.scope, payload, slen) == 0 &&
-		    strcmp(o->key.key, colon + 1) == 0) {
-			TAILQ_REMOVE(&l->watchers, o, link);
-			op_finish(o, STORE_SETTLED);
-		}
-	}
-}
-
-/* The setup batch (or the listener's LISTEN) answered. */
-static void setup_result(struct pg_conn *c, PGresult *r)
-{
-	if (r != NULL) {
-		ExecStatusType st = PQresultStatus(r);
-
-		PQclear(r);
-		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
-			conn_fail(c, "setup failed");
-		return;
-	}
-	/* the setup is over: statement connections work in pipelines */
-	if (!c->listener && PQenterPipelineMode(c->pg) != 1) {
-		conn_fail(c, "cannot enter pipeline mode");
-		return;
-	}
-	c->backoff_ms = PG_BACKOFF_MIN_MS;
-	evtimer_del(c->timer);	/* the connect deadline */
-	set_up(c, true);
-	c->state = PGC_IDLE;
-}
-
-/* One result of the batch on the wire (NULL: the end of one statement's
- * results). */
-static void batch_result(struct pg_conn *c, PGresult *r)
-{
-	struct pg_op *o = c->reading;
-
-	if (r == NULL) {
-		if (o != NULL && (o->result != NULL || o->stmt_failed))
-			c->reading = TAILQ_NEXT(o, link);
-		return;
-	}
-	switch (PQresultStatus(r)) {
-	case PGRES_PIPELINE_SYNC:
-		PQclear(r);
-		evtimer_del(c->timer);
-		c->state = PGC_IDLE;
-		batch_done(c);
-		return;
-	case PGRES_TUPLES_OK:
-	case PGRES_COMMAND_OK:
-		if (o != NULL && o->result == NULL && !o->stmt_failed) {
-			o->result = r;	/* held until the Sync */
-			return;
-		}
-		break;
-	case PGRES_PIPELINE_ABORTED:
-		/* skipped after an earlier error: sent again, not its fault */
-		if (o != NULL && o->result == NULL && !o->stmt_failed) {
-			PQclear(r);
-			c->reading = TAILQ_NEXT(o, link);
-			return;
-		}
-		break;
-	default:
-		/* an error: this statement's, or the commit's (after the last
-		 * statement); either way the transaction rolled back */
-		c->batch_failed = true;
-		if (o != NULL && o->result == NULL && !o->stmt_failed) {
-			o->stmt_failed = true;
-			log_warn("postgres store: %s: %s", stmt_names[o->kind],
-				 PQresultErrorMessage(r));
-		} else {
-			log_warn("postgres store: commit failed: %s",
-				 PQresultErrorMessage(r));
-		}
-		metrics_store_error(STORE_KIND_POSTGRES);
-		PQclear(r);
-		return;
-	}
-	c->batch_failed = true;
-	log_warn("postgres store: unexpected %s in a batch",
-		 PQresStatus(PQresultStatus(r)));
-	PQclear(r);
-}
-
-/* Everything libpq has for us: results, notifications. */
-static void drain_results(struct pg_conn *c)
-{
-	PGnotify *n;
-	int nulls = 0;
-
-	while (c->pg != NULL && !PQisBusy(c->pg) &&
-	       (c->state == PGC_SETUP || c->state == PGC_BUSY)) {
-		PGresult *r = PQgetResult(c->pg);
-
-		if (r == NULL && ++nulls > 1)
-			break;		/* nothing more for now */
-		if (r != NULL)
-			nulls = 0;
-		if (c->state == PGC_SETUP)
-			setup_result(c, r);
-		else
-			batch_result(c, r);
-	}
-	while (c->pg != NULL && (n = PQnotifies(c->pg)) != NULL) {
-		notified(c->local, n->extra);
-		PQfreemem(n);
-	}
-	if (c->pg != NULL && c->state == PGC_IDLE && !c->listener)
-		dispatch(c->local);
-}
-
-static void io_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct pg_conn *c = arg;
-
-	if (c->state == PGC_CONNECTING) {
-		switch (PQconnectPoll(c->pg)) {
-		case PGRES_POLLING_READING:
-			arm_io(c, EV_READ);
-			return;
-		case PGRES_POLLING_WRITING:
-			arm_io(c, EV_WRITE);
-			return;
-		case PGRES_POLLING_OK:
-			run_setup(c);
-			return;
-		default:
-			conn_fail(c, "connect failed");
-			return;
-		}
-	}
-	if (what & EV_WRITE) {
-		flush(c);
-		if (c->pg == NULL)
-			return;
-	}
-	if (what & EV_READ) {
-		if (!PQconsumeInput(c->pg)) {
-			conn_fail(c, "connection lost");
-			return;
-		}
-		drain_results(c);
-	}
+	pg_op_finish(o, STORE_ERROR);
 }
 
 /* Queue o's statement in the pipeline. Text parameters except the binary
  * ones (fingerprint, headers, body); results in binary. */
-static int send_op(struct pg_conn *c, struct pg_op *o)
+int pg_send_op(struct pg_conn *c, struct pg_op *o)
 {
 	char lease[24], ttl[24], status[16], batch[16];
 	const char *v[7];
@@ -1146,126 +439,12 @@ static int send_op(struct pg_conn *c, struct pg_op *o)
 	return 0;
 }
 
-/*
- * Send one batch on idle connection c: what is queued, up to
- * PG_BATCH_MAX operations; an operation to be retried alone (or a sweep)
- * goes in a batch of its own.
- */
-static void send_batch(struct pg_conn *c)
-{
-	struct pg_local *l = c->local;
-	struct timeval tv = clock_tv(PG_OP_TIMEOUT_MS);
-	struct pg_op *o;
-	int n = 0;
-
-	while ((o = TAILQ_FIRST(&l->queue)) != NULL && n < PG_BATCH_MAX) {
-		bool alone = o->solo || o->kind == PG_SWEEP;
-
-		if (n > 0 && alone)
-			break;
-		TAILQ_REMOVE(&l->queue, o, link);
-		event_del(o->ev);	/* the queue deadline */
-		op_clear_attempt(o);	/* a claim sent again keeps its last */
-		o->where = OP_RUNNING;
-		o->sent = true;
-		TAILQ_INSERT_TAIL(&c->batch, o, link);
-		n++;
-		if (send_op(c, o) < 0) {
-			conn_fail(c, "send failed");
-			return;
-		}
-		if (alone)
-			break;
-	}
-	if (PQpipelineSync(c->pg) != 1) {
-		conn_fail(c, "send failed");
-		return;
-	}
-	c->state = PGC_BUSY;
-	c->reading = TAILQ_FIRST(&c->batch);
-	evtimer_add(c->timer, &tv);
-	flush(c);
-}
-
-/* Give queued operations to idle connections. */
-static void dispatch(struct pg_local *l)
-{
-	for (int i = 0; i < l->nconns && !TAILQ_EMPTY(&l->queue); i++) {
-		struct pg_conn *c = &l->conns[i];
-
-		if (c->state == PGC_IDLE)
-			send_batch(c);
-	}
-	grow(l);
-}
-
-/*
- * Work is waiting and every open connection is busy: open one more, up to
- * conns_per_thread, one at a time. A quiet loop (the sweeper's) keeps one.
- */
-static void grow(struct pg_local *l)
-{
-	int unused = -1;
-
-	if (TAILQ_EMPTY(&l->queue))
-		return;
-	for (int i = 0; i < l->nconns; i++) {
-		const struct pg_conn *c = &l->conns[i];
-
-		if (!c->used) {
-			if (unused < 0)
-				unused = i;
-		} else if (c->state == PGC_CONNECTING || c->state == PGC_SETUP ||
-			   c->state == PGC_IDLE) {
-			return;		/* one is coming or free already */
-		}
-	}
-	if (unused >= 0 && conn_init(l, &l->conns[unused], false) < 0)
-		log_error("postgres store: cannot set up a connection");
-}
-
-static int conn_init(struct pg_local *l, struct pg_conn *c, bool listener)
-{
-	c->local = l;
-	c->listener = listener;
-	c->used = true;
-	c->backoff_ms = PG_BACKOFF_MIN_MS;
-	TAILQ_INIT(&c->batch);
-	c->timer = evtimer_new(l->base, timer_cb, c);
-	if (c->timer == NULL)
-		return -1;
-	conn_start(c);
-	return 0;
-}
-
-/* Thread shutdown: close; whatever is on the wire is dropped unanswered
- * (its callers are gone: the worker aborted its engines first). */
-static void conn_close(struct pg_conn *c)
-{
-	struct pg_op *o;
-
-	if (c->io != NULL)
-		event_free(c->io);
-	if (c->timer != NULL)
-		event_free(c->timer);
-	if (c->pg != NULL)
-		PQfinish(c->pg);
-	set_up(c, false);
-	if (c->used) {
-		while ((o = TAILQ_FIRST(&c->batch)) != NULL) {
-			TAILQ_REMOVE(&c->batch, o, link);
-			op_free(o);
-		}
-	}
-	memset(c, 0, sizeof(*c));
-}
-
 /* ---- the store operations ------------------------------------------ */
 
 static struct store_op *pg_claim(struct store *st, struct event_base *base,
 				 const struct store_claim *c, store_cb cb, void *arg)
 {
-	struct pg_op *o = op_new((struct pg_store *)st, base, PG_CLAIM, &c->key,
+	struct pg_op *o = pg_op_new((struct pg_store *)st, base, PG_CLAIM, &c->key,
 				 cb, arg);
 
 	if (o == NULL)
@@ -1274,10 +453,10 @@ static struct store_op *pg_claim(struct store *st, struct event_base *base,
 	o->lease_ms = c->lease_ms;
 	o->ttl_ms = c->ttl_ms;
 	if (store_new_owner(o->owner) < 0) {
-		op_finish(o, STORE_ERROR);
+		pg_op_finish(o, STORE_ERROR);
 		return &o->op;
 	}
-	return op_submit(o);
+	return pg_op_submit(o);
 }
 
 static struct store_op *pg_complete(struct store *st, struct event_base *base,
@@ -1286,7 +465,7 @@ static struct store_op *pg_complete(struct store *st, struct event_base *base,
 				    struct stored_response *resp, uint64_t ttl_ms,
 				    store_cb cb, void *arg)
 {
-	struct pg_op *o = op_new((struct pg_store *)st, base, PG_COMPLETE, k,
+	struct pg_op *o = pg_op_new((struct pg_store *)st, base, PG_COMPLETE, k,
 				 cb, arg);
 
 	if (o == NULL)
@@ -1295,50 +474,44 @@ static struct store_op *pg_complete(struct store *st, struct event_base *base,
 	memcpy(o->fp, fp, FP_LEN);
 	o->resp = stored_response_ref(resp);
 	o->ttl_ms = ttl_ms;
-	return op_submit(o);
+	return pg_op_submit(o);
 }
 
 static struct store_op *pg_release(struct store *st, struct event_base *base,
 				   const struct store_key *k, const char *owner,
 				   store_cb cb, void *arg)
 {
-	struct pg_op *o = op_new((struct pg_store *)st, base, PG_RELEASE, k,
+	struct pg_op *o = pg_op_new((struct pg_store *)st, base, PG_RELEASE, k,
 				 cb, arg);
 
 	if (o == NULL)
 		return NULL;
 	snprintf(o->owner, sizeof(o->owner), "%s", owner);
-	return op_submit(o);
+	return pg_op_submit(o);
 }
 
 static struct store_op *pg_extend(struct store *st, struct event_base *base,
 				  const struct store_key *k, const char *owner,
 				  uint64_t lease_ms, store_cb cb, void *arg)
 {
-	struct pg_op *o = op_new((struct pg_store *)st, base, PG_EXTEND, k,
+	struct pg_op *o = pg_op_new((struct pg_store *)st, base, PG_EXTEND, k,
 				 cb, arg);
 
 	if (o == NULL)
 		return NULL;
 	snprintf(o->owner, sizeof(o->owner), "%s", owner);
 	o->lease_ms = lease_ms;
-	return op_submit(o);
+	return pg_op_submit(o);
 }
 
 static struct store_op *pg_watch(struct store *st, struct event_base *base,
 				 const struct store_key *k, store_cb cb, void *arg)
 {
-	struct pg_op *o = op_new((struct pg_store *)st, base, PG_WATCH, k, cb, arg);
-	struct timeval tv = clock_tv(PG_POLL_MS);
+	struct pg_op *o = pg_op_new((struct pg_store *)st, base, PG_WATCH, k, cb, arg);
 
 	if (o == NULL)
 		return NULL;
-	if (!o->local->listen.used &&
-	    conn_init(o->local, &o->local->listen, true) < 0)
-		log_error("postgres store: cannot set up the listener");
-	o->where = OP_WATCHING;
-	TAILQ_INSERT_TAIL(&o->local->watchers, o, link);
-	event_add(o->ev, &tv);	/* the bounded poll */
+	pg_watch_add(o);
 	return &o->op;
 }
 
@@ -1356,14 +529,14 @@ static void pg_cancel(struct store_op *op)
 		TAILQ_REMOVE(&o->local->queue, o, link);
 		if (o->kind == PG_CLAIM && o->sent) {
 			abandon(o);
-			enqueue(o, true);
+			pg_enqueue(o, true);
 			return;
 		}
-		op_free(o);
+		pg_op_free(o);
 		return;
 	case OP_WATCHING:
 		TAILQ_REMOVE(&o->local->watchers, o, link);
-		op_free(o);
+		pg_op_free(o);
 		return;
 	case OP_RUNNING:
 		/* on the wire: forget the caller; its batch decides */
@@ -1374,10 +547,10 @@ static void pg_cancel(struct store_op *op)
 	case OP_DELIVERING:
 		if (o->kind == PG_CLAIM && o->res.status == STORE_WON)
 			release_owned(o->local, &o->key, o->owner, o->lease_ms);
-		op_free(o);	/* event_free drops the pending activation */
+		pg_op_free(o);	/* event_free drops the pending activation */
 		return;
 	case OP_NEW:
-		op_free(o);
+		pg_op_free(o);
 		return;
 	}
 }
@@ -1390,66 +563,33 @@ static bool pg_ready(struct store *st)
 static void pg_sweep(struct store *st, struct event_base *base)
 {
 	struct pg_store *s = (struct pg_store *)st;
-	struct pg_local *l = local_for(s, base);
+	struct pg_local *l = pg_local_for(s, base);
 	struct pg_op *o;
 
 	if (l == NULL || l->sweeping || l->up == 0)
 		return;
-	o = op_new(s, base, PG_SWEEP, NULL, NULL, NULL);
+	o = pg_op_new(s, base, PG_SWEEP, NULL, NULL, NULL);
 	if (o == NULL)
 		return;
 	l->sweeping = true;
-	op_submit(o);
+	pg_op_submit(o);
 }
 
 static void pg_thread_init(struct store *st, struct event_base *base)
 {
 	struct pg_store *s = (struct pg_store *)st;
-	struct pg_local *l = calloc(1, sizeof(*l));
+	struct pg_local *l = pg_local_new(s, base);
 
-	if (l == NULL)
-		return;
-	l->s = s;
-	l->base = base;
-	TAILQ_INIT(&l->queue);
-	TAILQ_INIT(&l->watchers);
-	l->nconns = s->conns_per_thread;
-	l->conns = calloc((size_t)l->nconns, sizeof(*l->conns));
-	if (l->conns == NULL) {
-		free(l);
+	if (l == NULL) {
+		log_error("postgres store: out of memory for a thread's pool");
 		return;
 	}
 	pthread_mutex_lock(&s->mu);
 	l->next = s->locals;
 	s->locals = l;
 	pthread_mutex_unlock(&s->mu);
-	/* one connection now (so that /readyz tells); more under load; the
-	 * listener when the first duplicate waits, or at once when every
-	 * notification is wanted (a cache to keep coherent) */
-	if (conn_init(l, &l->conns[0], false) < 0)
-		log_error("postgres store: cannot set up a connection");
-	if (s->notify_fn != NULL && conn_init(l, &l->listen, true) < 0)
-		log_error("postgres store: cannot set up the listener");
 }
 
-static void local_free(struct pg_local *l)
-{
-	struct pg_op *o;
-
-	while ((o = TAILQ_FIRST(&l->queue)) != NULL) {
-		TAILQ_REMOVE(&l->queue, o, link);
-		op_free(o);
-	}
-	while ((o = TAILQ_FIRST(&l->watchers)) != NULL) {
-		TAILQ_REMOVE(&l->watchers, o, link);
-		op_free(o);
-	}
-	for (int i = 0; i < l->nconns; i++)
-		conn_close(&l->conns[i]);
-	conn_close(&l->listen);
-	free(l->conns);
-	free(l);
-}
 
 static void pg_thread_done(struct store *st, struct event_base *base)
 {
@@ -1465,10 +605,8 @@ static void pg_thread_done(struct store *st, struct event_base *base)
 		}
 	}
 	pthread_mutex_unlock(&s->mu);
-	if (tl_cache.local == l)
-		memset(&tl_cache, 0, sizeof(tl_cache));
 	if (l != NULL)
-		local_free(l);
+		pg_local_free(l);
 }
 
 static void pg_free(struct store *st)
@@ -1479,7 +617,7 @@ static void pg_free(struct store *st)
 		struct pg_local *l = s->locals;
 
 		s->locals = l->next;
-		local_free(l);
+		pg_local_free(l);
 	}
 	pthread_mutex_destroy(&s->mu);
 	free(s->conninfo);
@@ -1500,7 +638,6 @@ static const struct store_ops pg_ops_table = {
 	.thread_init = pg_thread_init,
 	.thread_done = pg_thread_done,
 	.free = pg_free,
-	.kind = STORE_KIND_POSTGRES,
 };
 
 void store_pg_on_notify(struct store *st, store_pg_notify_fn fn, void *arg)

@@ -906,9 +906,6 @@ static const struct store_ops redis_ops = {
 	.thread_init = redis_thread_init,
 	.thread_done = redis_thread_done,
 	.free = redis_free,
-	/* what fails a claim or completion is the inner store's, and the
-	 * layer is only used over PostgreSQL */
-	.kind = STORE_KIND_POSTGRES,
 };
 
 struct store *store_redis_new(struct store *inner, const char *host,

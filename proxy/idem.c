@@ -403,7 +403,6 @@ static void on_extended(void *arg, const struct store_result *res)
 			 ix->req.claim.key.key);
 		return;
 	default:
-		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
 		wait = backoff_ms(EXTEND_BACKOFF_MS, ++ix->ext_failures);
 		if (ix->state != IDEM_ST_FORWARD)
 			return;
@@ -496,7 +495,6 @@ static void on_settled(void *arg, const struct store_result *res)
 			 "not written", ix->req.claim.key.key);
 		break;
 	default:
-		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
 		wait = backoff_ms(SETTLE_BACKOFF_MS, ++ix->attempts);
 		if (lease_allows(ix, wait)) {
 			metrics_count(COUNTER_completion_retries_total);
@@ -653,7 +651,6 @@ static void on_marker(void *arg, const struct store_result *res)
 			      "before its first use", OUTCOME_INVALID_KEY);
 		return;
 	default:
-		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
 		refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE,
 			      "the idempotency store cannot be reached",
 			      OUTCOME_STORE_UNAVAILABLE);
@@ -744,7 +741,6 @@ static void on_claim(void *arg, const struct store_result *res)
 	case STORE_FULL:
 	case STORE_ERROR:
 	default:
-		metrics_store_error((enum store_kind)ix->env->store->ops->kind);
 		evtimer_del(ix->timer);
 		if (ix->req.store_down == STORE_DOWN_FAIL_OPEN) {
 			log_warn("key %s: store %s, forwarding unprotected (fail-open)",

@@ -1,0 +1,161 @@
+/*
+ * store_pg_priv.h - what the PostgreSQL store's two halves share:
+ * store_pg.c (the statements, what their results mean, the store
+ * operations) and store_pg_pool.c (each thread's connections, queue and
+ * batches). Nothing else includes it.
+ */
+#ifndef IDEMPROXY_STORE_PG_PRIV_H
+#define IDEMPROXY_STORE_PG_PRIV_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+#include <event2/event.h>
+#include <libpq-fe.h>
+
+#include "store_pg.h"
+
+#define PG_POLL_MS 500
+#define PG_OP_TIMEOUT_MS 5000	/* a batch on the wire; an operation's life */
+#define PG_CONNECT_TIMEOUT_MS 5000
+#define PG_BACKOFF_MIN_MS 100
+#define PG_BACKOFF_MAX_MS 5000
+#define PG_BACKOFF_PENDING_MS 250	/* reconnect this often while work waits */
+#define PG_SWEEP_BATCH 1000
+#define PG_CLAIM_RETRIES 5	/* the record changed under the statement */
+#define PG_STMT_ERRORS 3	/* a statement failing on its own */
+#define PG_BATCH_MAX 64		/* operations per pipeline */
+
+enum pg_kind {
+	PG_CLAIM,
+	PG_COMPLETE,
+	PG_RELEASE,
+	PG_EXTEND,
+	PG_SWEEP,
+	PG_WATCH,
+};
+
+/* Where an operation is; exactly one place at a time. */
+enum op_where {
+	OP_NEW,			/* being set up */
+	OP_QUEUED,		/* on local->queue; o->ev is its deadline */
+	OP_RUNNING,		/* in a connection's batch on the wire */
+	OP_WATCHING,		/* on local->watchers; o->ev is the poll */
+	OP_DELIVERING,		/* o->ev is active: the callback runs next */
+};
+
+struct pg_local;
+struct pg_op;
+TAILQ_HEAD(pg_ops, pg_op);
+
+struct pg_op {
+	struct store_op op;		/* first: the generic handle */
+	enum pg_kind kind;
+	struct pg_local *local;
+	store_cb cb;			/* NULL: internal, or cancelled */
+	void *arg;
+	struct event *ev;		/* see enum op_where */
+	struct store_result res;
+	TAILQ_ENTRY(pg_op) link;	/* queue, watchers or a batch */
+	enum op_where where;
+	bool sent;			/* on the wire once: outcome may exist */
+	bool solo;			/* retry it alone (failed, or abandoned) */
+	bool abandoned;			/* a claim nobody waits for: abandon() */
+	int changed;			/* claims: record changed under us */
+	int errors;			/* its own statement failed */
+	uint64_t deadline_ms;		/* monotonic: give up after this */
+	/* this attempt, until its batch's Sync */
+	PGresult *result;
+	bool stmt_failed;
+
+	struct store_key key;
+	uint8_t fp[FP_LEN];
+	char owner[STORE_OWNER_LEN + 1];
+	uint64_t lease_ms, ttl_ms;
+	struct stored_response *resp;
+};
+
+enum pgc_state {
+	PGC_DOWN,		/* waiting to reconnect (back-off timer) */
+	PGC_CONNECTING,		/* PQconnectPoll steps */
+	PGC_SETUP,		/* migration and PREPAREs (or LISTEN) */
+	PGC_IDLE,		/* statement connections: in pipeline mode */
+	PGC_BUSY,		/* one batch on the wire */
+};
+
+struct pg_conn {
+	struct pg_local *local;
+	PGconn *pg;
+	struct event *io;
+	struct event *timer;		/* back-off, or the batch deadline */
+	enum pgc_state state;
+	struct pg_ops batch;		/* BUSY: the batch's operations, in order */
+	struct pg_op *reading;		/* whose result comes next; NULL: Sync */
+	bool batch_failed;		/* an error: the transaction rolled back */
+	int backoff_ms;
+	uint64_t retry_at;		/* DOWN: monotonic ms of the next attempt */
+	bool listener;
+	bool used;			/* opened: pools grow on demand */
+	bool was_up;
+};
+
+struct pg_local {
+	struct pg_store *s;
+	struct event_base *base;
+	struct pg_conn *conns;
+	int nconns;
+	struct pg_conn listen;
+	struct pg_ops queue;
+	struct pg_ops watchers;
+	int up;				/* connections IDLE or BUSY */
+	bool sweeping;
+	struct pg_local *next;		/* s->locals */
+};
+
+struct pg_store {
+	struct store base;
+	char *conninfo;
+	char *setup_sql;		/* schema + PREPAREs */
+	int conns_per_thread;
+	atomic_int up;			/* connections up, all threads */
+	atomic_bool down_logged;
+	pthread_mutex_t mu;
+	struct pg_local *locals;
+	store_pg_notify_fn notify_fn;	/* every notification (a cache) */
+	void *notify_arg;
+};
+
+/* store_pg_pool.c: a thread's pool, its queue, the operations' lives. */
+struct pg_local *pg_local_for(struct pg_store *s, struct event_base *base);
+/* A new pool on base (one statement connection opened at once; the
+ * listener too when s wants every notification). NULL without memory. */
+struct pg_local *pg_local_new(struct pg_store *s, struct event_base *base);
+void pg_local_free(struct pg_local *l);
+struct pg_op *pg_op_alloc(struct pg_local *l, enum pg_kind kind,
+			  const struct store_key *k, store_cb cb, void *arg);
+struct pg_op *pg_op_new(struct pg_store *s, struct event_base *base,
+			enum pg_kind kind, const struct store_key *k,
+			store_cb cb, void *arg);
+void pg_op_free(struct pg_op *o);
+/* Report st on the caller's loop, next turn (an internal op is freed). */
+void pg_op_finish(struct pg_op *o, enum store_status st);
+/* Queue o (at the head: a retry keeps its turn) under its deadline. */
+void pg_enqueue(struct pg_op *o, bool head);
+struct store_op *pg_op_submit(struct pg_op *o);
+/* A watcher waits for a notification, or its poll. */
+void pg_watch_add(struct pg_op *o);
+bool pg_may_serve(const struct pg_local *l);
+
+/* store_pg.c: what an operation means. */
+const char *pg_stmt_name(enum pg_kind kind);
+/* Queue o's statement in c's pipeline. 0 or -1. */
+int pg_send_op(struct pg_conn *c, struct pg_op *o);
+/* o's batch committed: its held result is its outcome. */
+void pg_op_committed(struct pg_op *o);
+/* o's deadline passed without an outcome. */
+void pg_give_up(struct pg_op *o);
+
+#endif
