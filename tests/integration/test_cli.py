@@ -6,8 +6,9 @@ import subprocess
 
 import pytest
 
-from conftest import (IDEMPROXY_BIN, Proxy, clean_env, free_port, request,
-                      sanitizer_report, upstream_echo)
+from support.http import request, upstream_echo
+from support.procs import (IDEMPROXY_BIN, Proxy, clean_env, free_port,
+                           sanitizer_report)
 
 
 def run(args, env=None, timeout=15):

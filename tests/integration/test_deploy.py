@@ -36,8 +36,9 @@ import time
 import pytest
 import yaml
 
-from conftest import (IDEMPROXY_BIN, ROOT, clean_env, free_port, http_get,
-                      rss_kib, sanitizer_report)
+from support.http import http_get
+from support.procs import (IDEMPROXY_BIN, ROOT, clean_env, free_port, rss_kib,
+                           sanitizer_report)
 
 DEPLOY = os.path.join(ROOT, "deploy")
 K8S = os.path.join(DEPLOY, "k8s")

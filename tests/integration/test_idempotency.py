@@ -17,10 +17,10 @@ import uuid
 
 import pytest
 
-from conftest import send_together
-from conftest import (RawConn, Stub, assert_problem, build_request, chunked,
-                      free_port, metric_value, pattern_bytes, request,
-                      upstream_echo, wait_readyz)
+from support.http import (RawConn, assert_problem, build_request, chunked,
+                          request, send_together, upstream_echo)
+from support.procs import (Stub, free_port, metric_value, pattern_bytes,
+                           wait_readyz)
 
 KEY = "Idempotency-Key"
 ORDER = b'{"item":"book","amount":100}'

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
-from conftest import (RawConn, build_request, http_get, metric_value, request,
-                      upstream_echo)
+from support.http import (RawConn, build_request, http_get, request,
+                          upstream_echo)
+from support.procs import metric_value
 
 
 def test_sigterm_drains_in_flight_request(make_proxy, stub):

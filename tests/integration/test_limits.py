@@ -2,7 +2,8 @@
 keep-alive connections, --max-connections."""
 import time
 
-from conftest import RawConn, assert_problem, build_request, request, upstream_echo
+from support.http import (RawConn, assert_problem, build_request, request,
+                          upstream_echo)
 
 
 def test_head_larger_than_max_header_size(make_proxy, stub):

@@ -40,10 +40,9 @@ import time
 
 import pytest
 
-from conftest import send_together
-from conftest import (ROOT, RawConn, assert_problem, clean_env,
-                      free_port, metric_value, proxy_kill, read_text,
-                      upstream_echo, wait_readyz)
+from support.http import RawConn, assert_problem, send_together, upstream_echo
+from support.procs import (ROOT, clean_env, free_port, metric_value,
+                           proxy_kill, read_text, wait_readyz)
 from test_idempotency import (ORDER, assert_identical, assert_one_original,
                               executions, kreq, newkey, outcomes, replayed)
 

@@ -4,8 +4,9 @@ import time
 
 import pytest
 
-from conftest import (RawConn, build_request, chunked, pattern_bytes, request,
-                      upstream_echo)
+from support.http import (RawConn, build_request, chunked, request,
+                          upstream_echo)
+from support.procs import pattern_bytes
 
 HOP_BY_HOP = ("connection", "keep-alive", "proxy-connection", "te", "trailer",
               "upgrade")

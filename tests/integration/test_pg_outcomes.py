@@ -33,7 +33,8 @@ import time
 
 import pytest
 
-from conftest import RawConn, assert_problem, metric_value, wait_readyz
+from support.http import RawConn, assert_problem
+from support.procs import metric_value, wait_readyz
 from test_idempotency import ORDER, kreq, newkey, post, replayed
 from test_postgres import start_pg_proxy
 

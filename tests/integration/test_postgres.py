@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from conftest import send_together
-from conftest import (IDEMPROXY_BIN, RawConn, assert_problem, clean_env,
-                      free_port, metric_value, proxy_kill, readyz, request,
-                      upstream_echo, wait_readyz)
+from support.http import (RawConn, assert_problem, request, send_together,
+                          upstream_echo)
+from support.procs import (IDEMPROXY_BIN, clean_env, free_port, metric_value,
+                           proxy_kill, readyz, wait_readyz)
 from test_idempotency import (ORDER, assert_identical, assert_one_original,
                               executions, kreq, newkey, outcomes, post,
                               replayed)

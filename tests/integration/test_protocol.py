@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from conftest import (RawConn, assert_problem, build_request, request,
-                      upstream_echo)
+from support.http import (RawConn, assert_problem, build_request, request,
+                          upstream_echo)
 
 
 def test_keep_alive_many_requests_one_connection(proxy, stub):

@@ -11,8 +11,8 @@ every duplicate reaches Redis; test_response_cache.py covers it.
 import concurrent.futures as cf
 import time
 
-from conftest import (RawConn, assert_problem, metric_value, readyz,
-                      wait_readyz)
+from support.http import RawConn, assert_problem
+from support.procs import metric_value, readyz, wait_readyz
 from test_idempotency import (ORDER, assert_identical, assert_one_original,
                               executions, kreq, newkey, post, replayed)
 from test_postgres import burst_split

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import assert_problem, metric_value, wait_readyz
+from support.http import assert_problem
+from support.procs import metric_value, wait_readyz
 from test_idempotency import executions, newkey, post, replayed
 
 

@@ -24,9 +24,9 @@ import uuid
 
 import pytest
 
-from conftest import (IDEMPROXY_BIN, RawConn, assert_problem, clean_env,
-                      free_port, metric_value, read_text, request,
-                      upstream_echo, wait_readyz)
+from support.http import RawConn, assert_problem, request, upstream_echo
+from support.procs import (IDEMPROXY_BIN, clean_env, free_port, metric_value,
+                           read_text, wait_readyz)
 
 GH_SECRET = "It's a Secret to Everybody"
 ST_SECRET = "whsec_route_test_secret"

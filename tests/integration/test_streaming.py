@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from conftest import (PATTERN, RawConn, RssSampler, build_request,
-                      upstream_echo)
+from support.http import RawConn, build_request, upstream_echo
+from support.procs import PATTERN, RssSampler
 
 MIB = 1024 * 1024
 RSS_LIMIT_MIB = 64

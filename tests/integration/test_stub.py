@@ -2,8 +2,9 @@
 import hashlib
 import time
 
-from conftest import (RawConn, build_request, chunked, pattern_bytes, request,
-                      upstream_echo)
+from support.http import (RawConn, build_request, chunked, request,
+                          upstream_echo)
+from support.procs import pattern_bytes
 
 
 def test_fast_path_and_counting(stub):

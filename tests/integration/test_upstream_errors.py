@@ -2,8 +2,9 @@
 connections, and recovery."""
 import time
 
-from conftest import (RawConn, Stub, assert_problem, build_request, free_port,
-                      http_get, request, upstream_echo)
+from support.http import (RawConn, assert_problem, build_request, http_get,
+                          request, upstream_echo)
+from support.procs import Stub, free_port
 
 
 def test_upstream_refusing_connections_502(make_proxy, stub):
