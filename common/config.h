@@ -16,23 +16,12 @@
 #include <stdio.h>
 
 #include "compiler.h"
+#include "hostport.h"
 #include "log.h"
-#include "route.h"
+#include "policy.h"
+#include "route.h"	/* struct route, for users of cfg->routes */
 
-enum in_flight_mode {
-	IN_FLIGHT_WAIT,		/* hold duplicates until the winner settles */
-	IN_FLIGHT_REJECT,	/* answer duplicates 409 at once */
-};
-
-enum store_down_mode {
-	STORE_DOWN_FAIL_CLOSED,	/* keyed requests get 503 */
-	STORE_DOWN_FAIL_OPEN,	/* keyed requests are forwarded unprotected */
-};
-
-enum upstream_error_mode {
-	UPSTREAM_ERROR_RELEASE,	/* 5xx/502/504 release the key */
-	UPSTREAM_ERROR_KEEP,	/* 5xx/502/504 are stored and replayed */
-};
+struct setting_syntax;
 
 /* What the command line asks for. */
 enum config_action {
@@ -40,12 +29,6 @@ enum config_action {
 	CONFIG_HELP,		/* --help: usage on stdout, exit 0 */
 	CONFIG_VERSION,		/* --version: version on stdout, exit 0 */
 	CONFIG_CHECK,		/* --check-config FILE: print settings, exit 0 */
-};
-
-/* "host:port" split; host is an IP literal or a name, without brackets. */
-struct hostport {
-	char *host;
-	char *port;
 };
 
 struct config {
@@ -136,11 +119,15 @@ void config_usage(FILE *out);
 /* Print --version: "idemproxy VERSION". */
 void config_version(FILE *out);
 
-/* Shared with route.c: booleans (1/0 true/false yes/no on/off) and method
- * lists ("POST,PATCH" into a bitmask of llhttp methods). 0 or -1. */
-int config_parse_bool(const char *s, bool *out) MUSTCHECK;
-int config_parse_methods(const char *v, uint64_t *mask, char *err,
-			 size_t errlen) MUSTCHECK;
+/*
+ * The value syntax of the option spelt `key` in the file ("max_body"), or
+ * NULL when it has none of setting.h's (addresses, URLs, lists). When cfg
+ * and value are given, *value points at the option's field in cfg. A route
+ * key of the same name is held to this syntax and starts from this value.
+ */
+const struct setting_syntax *config_option_syntax(const struct config *cfg,
+						  const char *key,
+						  const void **value);
 
 struct config *config_ref(struct config *cfg);
 void config_unref(struct config *cfg);

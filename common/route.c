@@ -7,10 +7,17 @@
  * the global policy and the globals are final only once flags and
  * environment are applied. routes_build() then builds each route from its
  * lines, checking every value, with the file and line in each error.
+ *
+ * Every key is a row of route_keys below (twemproxy's conf_commands): its
+ * name, the field of struct policy it sets, its value syntax (setting.h)
+ * or a setter of its own, and its help. A key that is also an [idemproxy]
+ * option (KEY_OPTION) has no syntax of its own: it is held to the option's,
+ * with the same bounds and the same errors, and the global policy starts
+ * from the option's value.
  */
 #include "route.h"
 
-#include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -18,7 +25,8 @@
 #include <llhttp.h>
 
 #include "config.h"
-#include "units.h"
+#include "httphdr.h"
+#include "setting.h"
 
 #define ROUTE_MAX_LINE_KEYS 64
 
@@ -37,6 +45,17 @@ struct route_raw {
 };
 
 /* ---- collecting --------------------------------------------------------- */
+
+const char *route_section_name(const char *section)
+{
+	if (strncmp(section, "route", 5) != 0 ||
+	    (section[5] != '\0' && section[5] != ' ' && section[5] != '\t'))
+		return NULL;
+	section += 5;
+	while (*section == ' ' || *section == '\t')
+		section++;
+	return section;
+}
 
 static struct route_raw *raw_find(struct route_raw *raw, const char *name)
 {
@@ -149,55 +168,9 @@ void route_raw_free(struct route_raw *raw)
 
 /* ---- policies ------------------------------------------------------------ */
 
-static void policy_free(struct policy *p)
-{
-	free(p->key_name);
-	free(p->key_prefix);
-	free(p->scope_header);
-	free(p->verify_header);
-	if (p->verify_secret != NULL)
-		memset(p->verify_secret, 0, p->verify_secret_len);
-	free(p->verify_secret);
-	memset(p, 0, sizeof(*p));
-}
-
-static char *dup_or_null(const char *s)
-{
-	return s != NULL ? strdup(s) : NULL;
-}
-
-/* A deep copy; returns -1 when out of memory. */
-static int policy_copy(struct policy *dst, const struct policy *src)
-{
-	*dst = *src;
-	dst->key_name = dup_or_null(src->key_name);
-	dst->key_prefix = dup_or_null(src->key_prefix);
-	dst->scope_header = dup_or_null(src->scope_header);
-	dst->verify_header = dup_or_null(src->verify_header);
-	dst->verify_secret = NULL;
-	if (src->verify_secret != NULL) {
-		dst->verify_secret = malloc(src->verify_secret_len + 1);
-		if (dst->verify_secret != NULL)
-			memcpy(dst->verify_secret, src->verify_secret,
-			       src->verify_secret_len + 1);
-	}
-	if ((src->key_name && !dst->key_name) ||
-	    (src->key_prefix && !dst->key_prefix) ||
-	    (src->scope_header && !dst->scope_header) ||
-	    (src->verify_header && !dst->verify_header) ||
-	    (src->verify_secret && !dst->verify_secret))
-		return -1;
-	return 0;
-}
-
 static bool is_token(const char *s)
 {
-	if (*s == '\0')
-		return false;
-	for (; *s != '\0'; s++)
-		if (!(*s > ' ' && *s < 0x7f && strchr("\"(),/:;<=>?@[\\]{}", *s) == NULL))
-			return false;
-	return true;
+	return httphdr_is_token(s, strlen(s));
 }
 
 /* "header:NAME" and friends: the part after the colon, or NULL. */
@@ -206,95 +179,6 @@ static const char *after(const char *v, const char *prefix)
 	size_t n = strlen(prefix);
 
 	return strncasecmp(v, prefix, n) == 0 ? v + n : NULL;
-}
-
-static int set_str(char **dst, const char *v)
-{
-	char *s = strdup(v);
-
-	if (s == NULL)
-		return -1;
-	free(*dst);
-	*dst = s;
-	return 0;
-}
-
-static int parse_key_source(struct policy *p, const char *v, char *why, size_t len)
-{
-	const char *arg;
-
-	if (strcasecmp(v, "auto") == 0 || strcasecmp(v, "none") == 0) {
-		p->key_source = strcasecmp(v, "auto") == 0 ? KEY_SRC_AUTO : KEY_SRC_NONE;
-		free(p->key_name);
-		p->key_name = NULL;
-		return 0;
-	}
-	if ((arg = after(v, "header:")) != NULL) {
-		if (!is_token(arg))
-			goto bad_name;
-		p->key_source = KEY_SRC_HEADER;
-	} else if ((arg = after(v, "query:")) != NULL) {
-		if (*arg == '\0')
-			goto bad_name;
-		p->key_source = KEY_SRC_QUERY;
-	} else if ((arg = after(v, "form:")) != NULL) {
-		if (*arg == '\0')
-			goto bad_name;
-		p->key_source = KEY_SRC_FORM;
-	} else if ((arg = after(v, "json:")) != NULL) {
-		if (arg[0] != '/' && arg[0] != '\0') {
-			snprintf(why, len, "a JSON pointer starts with '/' "
-				 "(RFC 6901), e.g. json:/data/id");
-			return -1;
-		}
-		p->key_source = KEY_SRC_JSON;
-	} else {
-		snprintf(why, len, "expected header:NAME, query:NAME, form:FIELD, "
-			 "json:/pointer, auto or none");
-		return -1;
-	}
-	return set_str(&p->key_name, arg);
-bad_name:
-	snprintf(why, len, "missing or invalid name after the colon");
-	return -1;
-}
-
-static int parse_duration(const char *v, uint64_t min, uint64_t *out, char *why,
-			  size_t len)
-{
-	if (units_parse_duration(v, out) < 0) {
-		snprintf(why, len, "invalid duration (use e.g. 250ms, 10s, 5m, 24h)");
-		return -1;
-	}
-	if (*out < min) {
-		snprintf(why, len, "must be more than 0");
-		return -1;
-	}
-	return 0;
-}
-
-static int parse_size(const char *v, uint64_t min, uint64_t max, uint64_t *out,
-		      char *why, size_t len)
-{
-	if (units_parse_size(v, out) < 0 || *out < min || *out > max) {
-		snprintf(why, len, "invalid size (use e.g. 4096, 512KiB, 1MiB)");
-		return -1;
-	}
-	return 0;
-}
-
-static int parse_word(const char *v, const char *a, int va, const char *b,
-		      int vb, int *out, char *why, size_t len)
-{
-	if (strcasecmp(v, a) == 0)
-		*out = va;
-	else if (strcasecmp(v, b) == 0)
-		*out = vb;
-	else {
-		snprintf(why, len, "expected %s or %s", a, b);
-		return -1;
-	}
-	return 0;
 }
 
 static const char *env_lookup(char **envp, const char *name)
@@ -307,179 +191,392 @@ static const char *env_lookup(char **envp, const char *name)
 	return getenv(name);
 }
 
-/* Apply one `key = value` of a route. Returns -1 with why set. */
-static int apply(struct route *r, const char *key, const char *v, char **envp,
-		 char *why, size_t len)
+/* ---- route keys with a syntax of their own --------------------------------
+ *
+ * Each setter applies one value to a route (starting as a copy of the
+ * global policy) and returns 0, or -1 with why set; each printer writes the
+ * key's --check-config line.
+ */
+
+/* "METHODS PATH-GLOB"; METHODS is a list as in --methods, or "*". */
+static int set_match(struct route *r, const char *v, char **envp, char *why,
+		     size_t len)
+{
+	const char *sp = strpbrk(v, " \t");
+	char methods[256];
+
+	if (sp == NULL || (size_t)(sp - v) >= sizeof(methods)) {
+		snprintf(why, len, "expected \"METHODS PATH-GLOB\", e.g. "
+			 "\"POST /orders*\"");
+		return -1;
+	}
+	memcpy(methods, v, (size_t)(sp - v));
+	methods[sp - v] = '\0';
+	while (*sp == ' ' || *sp == '\t')
+		sp++;
+	if (*sp != '/' && *sp != '*') {
+		snprintf(why, len, "the path glob must start with '/' or '*'");
+		return -1;
+	}
+	if (strcmp(methods, "*") == 0)
+		r->methods = ~0ULL;
+	else if (setting_parse_methods(methods, &r->methods, why, len) < 0)
+		return -1;
+	return setting_set_string(&r->glob, sp, why, len);
+}
+
+static void print_match(const struct route *r, FILE *out)
+{
+	bool first = true;
+
+	fputs("match = ", out);
+	if (r->methods == ~0ULL)
+		fputs("*", out);
+	for (int m = 0; r->methods != ~0ULL && m < 64; m++) {
+		if (!((r->methods >> m) & 1))
+			continue;
+		fprintf(out, "%s%s", first ? "" : ",",
+			llhttp_method_name((llhttp_method_t)m));
+		first = false;
+	}
+	fprintf(out, " %s\n", r->glob);
+}
+
+/*
+ * "header:NAME", "query:NAME", "form:FIELD" or "json:/pointer" into *src
+ * and *arg (the part after the colon).
+ */
+static int key_source_arg(const char *v, enum key_source *src,
+			  const char **arg, char *why, size_t len)
+{
+	static const struct {
+		const char *prefix;
+		enum key_source src;
+	} named[] = {
+		{ "header:", KEY_SRC_HEADER },
+		{ "query:", KEY_SRC_QUERY },
+		{ "form:", KEY_SRC_FORM },
+		{ "json:", KEY_SRC_JSON },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(named) / sizeof(named[0]); i++)
+		if ((*arg = after(v, named[i].prefix)) != NULL)
+			break;
+	if (i == sizeof(named) / sizeof(named[0])) {
+		snprintf(why, len, "expected header:NAME, query:NAME, form:FIELD, "
+			 "json:/pointer, auto or none");
+		return -1;
+	}
+	*src = named[i].src;
+	if (*src == KEY_SRC_JSON && (*arg)[0] != '/' && (*arg)[0] != '\0') {
+		snprintf(why, len, "a JSON pointer starts with '/' (RFC 6901), "
+			 "e.g. json:/data/id");
+		return -1;
+	}
+	if ((*src == KEY_SRC_HEADER && !is_token(*arg)) ||
+	    ((*src == KEY_SRC_QUERY || *src == KEY_SRC_FORM) && **arg == '\0')) {
+		snprintf(why, len, "missing or invalid name after the colon");
+		return -1;
+	}
+	return 0;
+}
+
+static int set_key(struct route *r, const char *v, char **envp, char *why,
+		   size_t len)
 {
 	struct policy *p = &r->policy;
-	bool b;
+	enum key_source src;
+	const char *arg;
 
-	if (strcmp(key, "match") == 0) {
-		const char *sp = strpbrk(v, " \t");
-		char methods[256];
-
-		if (sp == NULL || (size_t)(sp - v) >= sizeof(methods)) {
-			snprintf(why, len, "expected \"METHODS PATH-GLOB\", e.g. "
-				 "\"POST /orders*\"");
-			return -1;
-		}
-		memcpy(methods, v, (size_t)(sp - v));
-		methods[sp - v] = '\0';
-		while (*sp == ' ' || *sp == '\t')
-			sp++;
-		if (*sp != '/' && *sp != '*') {
-			snprintf(why, len, "the path glob must start with '/' or '*'");
-			return -1;
-		}
-		if (strcmp(methods, "*") == 0)
-			r->methods = ~0ULL;
-		else if (config_parse_methods(methods, &r->methods, why, len) < 0)
-			return -1;
-		return set_str(&r->glob, sp);
-	}
-	if (strcmp(key, "key") == 0)
-		return parse_key_source(p, v, why, len);
-	if (strcmp(key, "key_prefix") == 0) {
-		for (const char *s = v; *s != '\0'; s++)
-			if (*s < 0x21 || *s > 0x7e) {
-				snprintf(why, len, "only visible ASCII characters");
-				return -1;
-			}
-		return set_str(&p->key_prefix, v);
-	}
-	if (strcmp(key, "require_key") == 0 || strcmp(key, "require_issued_key") == 0) {
-		if (config_parse_bool(v, &b) < 0) {
-			snprintf(why, len, "invalid boolean (use yes/no, on/off, "
-				 "true/false, 1/0)");
-			return -1;
-		}
-		*(key[8] == 'k' ? &p->require_key : &p->require_issued_key) = b;
+	if (strcasecmp(v, "auto") == 0 || strcasecmp(v, "none") == 0) {
+		p->key_source = strcasecmp(v, "auto") == 0 ? KEY_SRC_AUTO : KEY_SRC_NONE;
+		free(p->key_name);
+		p->key_name = NULL;
 		return 0;
 	}
-	if (strcmp(key, "in_flight") == 0)
-		return parse_word(v, "wait", IN_FLIGHT_WAIT, "reject",
-				  IN_FLIGHT_REJECT, &p->in_flight, why, len);
-	if (strcmp(key, "store_down") == 0)
-		return parse_word(v, "fail-closed", STORE_DOWN_FAIL_CLOSED,
-				  "fail-open", STORE_DOWN_FAIL_OPEN, &p->store_down,
-				  why, len);
-	if (strcmp(key, "on_upstream_error") == 0)
-		return parse_word(v, "release", UPSTREAM_ERROR_RELEASE, "keep",
-				  UPSTREAM_ERROR_KEEP, &p->on_upstream_error, why, len);
-	if (strcmp(key, "wait_timeout") == 0)
-		return parse_duration(v, 1, &p->wait_timeout_ms, why, len);
-	if (strcmp(key, "ttl") == 0)
-		return parse_duration(v, 1, &p->ttl_ms, why, len);
-	if (strcmp(key, "lease") == 0)
-		return parse_duration(v, 1, &p->lease_ms, why, len);
-	if (strcmp(key, "issued_key_ttl") == 0)
-		return parse_duration(v, 1, &p->issued_key_ttl_ms, why, len);
-	if (strcmp(key, "verify_tolerance") == 0)
-		return parse_duration(v, 1, &p->verify_tolerance_ms, why, len);
-	if (strcmp(key, "max_body") == 0)
-		return parse_size(v, 1, 1ULL << 30, &p->max_body, why, len);
-	if (strcmp(key, "max_cached_response") == 0)
-		return parse_size(v, 0, 512ULL << 20, &p->max_cached_response, why, len);
-	if (strcmp(key, "scope") == 0) {
-		const char *arg = after(v, "header:");
-
-		if (strcasecmp(v, "none") == 0) {
-			free(p->scope_header);
-			p->scope_header = NULL;
-			return 0;
-		}
-		if (arg == NULL || !is_token(arg)) {
-			snprintf(why, len, "expected header:NAME or none");
-			return -1;
-		}
-		return set_str(&p->scope_header, arg);
-	}
-	if (strcmp(key, "verify") == 0) {
-		if (strcasecmp(v, "none") == 0) {
-			p->verify = VERIFY_NONE;
-			return 0;
-		}
-		if (strcasecmp(v, "hmac-sha256") != 0) {
-			snprintf(why, len, "expected hmac-sha256 or none");
-			return -1;
-		}
-		if (p->verify == VERIFY_NONE)
-			p->verify = VERIFY_GITHUB;
-		return 0;
-	}
-	if (strcmp(key, "verify_format") == 0) {
-		int f;
-
-		if (parse_word(v, "github", VERIFY_GITHUB, "stripe", VERIFY_STRIPE,
-			       &f, why, len) < 0)
-			return -1;
-		p->verify = (enum verify_format)f;
-		return 0;
-	}
-	if (strcmp(key, "verify_header") == 0) {
-		if (!is_token(v)) {
-			snprintf(why, len, "not a valid header name");
-			return -1;
-		}
-		return set_str(&p->verify_header, v);
-	}
-	if (strcmp(key, "verify_secret_env") == 0) {
-		const char *secret = env_lookup(envp, v);
-
-		if (secret == NULL || secret[0] == '\0') {
-			snprintf(why, len, "environment variable %s is not set (the "
-				 "secret never goes in the config file)", v);
-			return -1;
-		}
-		free(p->verify_secret);
-		p->verify_secret = strdup(secret);
-		if (p->verify_secret == NULL)
-			return -1;
-		p->verify_secret_len = strlen(secret);
-		return 0;
-	}
-	snprintf(why, len, "unknown key (route keys: match, key, key_prefix, "
-		 "require_key, in_flight, wait_timeout, ttl, lease, max_body, "
-		 "max_cached_response, on_upstream_error, store_down, scope, "
-		 "verify, verify_format, verify_header, verify_secret_env, "
-		 "verify_tolerance, require_issued_key, issued_key_ttl)");
-	return -1;
+	if (key_source_arg(v, &src, &arg, why, len) < 0)
+		return -1;
+	if (setting_set_string(&p->key_name, arg, why, len) < 0)
+		return -1;
+	p->key_source = src;
+	return 0;
 }
 
-/* Order matters for verify_format vs verify: apply `verify` first. */
-static int key_rank(const char *key)
+static void print_key(const struct route *r, FILE *out)
 {
-	return strcmp(key, "verify") == 0 ? 0 : 1;
+	fprintf(out, "key = %s%s\n", route_key_source_name(r->policy.key_source),
+		r->policy.key_name != NULL ? r->policy.key_name : "");
 }
 
-static int build_route(struct route *r, const struct route_raw *raw,
-		       const struct config *cfg, char **envp, char *err,
-		       size_t errlen)
+static int set_key_prefix(struct route *r, const char *v, char **envp,
+			  char *why, size_t len)
+{
+	for (const char *s = v; *s != '\0'; s++) {
+		if (*s < 0x21 || *s > 0x7e) {
+			snprintf(why, len, "only visible ASCII characters");
+			return -1;
+		}
+	}
+	return setting_set_string(&r->policy.key_prefix, v, why, len);
+}
+
+static void print_key_prefix(const struct route *r, FILE *out)
+{
+	if (r->policy.key_prefix[0] != '\0')
+		fprintf(out, "key_prefix = %s\n", r->policy.key_prefix);
+}
+
+static int set_scope(struct route *r, const char *v, char **envp, char *why,
+		     size_t len)
+{
+	const char *arg = after(v, "header:");
+
+	if (strcasecmp(v, "none") == 0) {
+		free(r->policy.scope_header);
+		r->policy.scope_header = NULL;
+		return 0;
+	}
+	if (arg == NULL || !is_token(arg)) {
+		snprintf(why, len, "expected header:NAME or none");
+		return -1;
+	}
+	return setting_set_string(&r->policy.scope_header, arg, why, len);
+}
+
+static void print_scope(const struct route *r, FILE *out)
+{
+	fprintf(out, "scope = %s%s\n", r->policy.scope_header ? "header:" : "none",
+		r->policy.scope_header ? r->policy.scope_header : "");
+}
+
+static const struct setting_word verify_words[] = {
+	{ "hmac-sha256", 1 },
+	{ "none", 0 },
+	{ NULL, 0 },
+};
+
+/* hmac-sha256 turns verifying on, github style. It is applied before the
+ * route's other keys (KEY_FIRST), so that a verify_format line anywhere in
+ * the section picks the format. */
+static int set_verify(struct route *r, const char *v, char **envp, char *why,
+		      size_t len)
+{
+	static const struct setting_syntax syn = SYNTAX_WORDS(verify_words);
+	int on;
+
+	if (setting_parse(&syn, v, &on, why, len) < 0)
+		return -1;
+	if (!on)
+		r->policy.verify = VERIFY_NONE;
+	else if (r->policy.verify == VERIFY_NONE)
+		r->policy.verify = VERIFY_GITHUB;
+	return 0;
+}
+
+static void print_verify(const struct route *r, FILE *out)
+{
+	fputs("verify = hmac-sha256\n", out);
+}
+
+/* The name of an environment variable: the secret never goes in a file. */
+static int set_verify_secret_env(struct route *r, const char *v, char **envp,
+				 char *why, size_t len)
+{
+	const char *secret = env_lookup(envp, v);
+
+	if (secret == NULL || secret[0] == '\0') {
+		snprintf(why, len, "environment variable %s is not set (the "
+			 "secret never goes in the config file)", v);
+		return -1;
+	}
+	if (policy_set_secret(&r->policy, secret) < 0) {
+		snprintf(why, len, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+static void print_verify_secret(const struct route *r, FILE *out)
+{
+	fprintf(out, "verify_secret = (%zu bytes, from the environment)\n",
+		r->policy.verify_secret_len);
+}
+
+/* ---- the route table ------------------------------------------------------ */
+
+typedef int (*route_set_fn)(struct route *r, const char *v, char **envp,
+			    char *why, size_t len);
+typedef void (*route_print_fn)(const struct route *r, FILE *out);
+
+/* Row flags. */
+#define KEY_OPTION	0x01	/* syntax, bounds and default are those of the
+				 * [idemproxy] option of the same name */
+#define KEY_FIRST	0x02	/* applied before the route's other keys */
+#define KEY_VERIFY	0x04	/* printed only when the route verifies */
+#define KEY_ISSUED	0x08	/* printed only with require_issued_key */
+
+struct route_key {
+	const char *name;
+	size_t off;			/* the field of struct policy */
+	struct setting_syntax syn;	/* its value, unless KEY_OPTION */
+	const char *def;		/* the global policy's value, unless
+					 * KEY_OPTION (NULL: zero) */
+	route_set_fn set;		/* NULL: setting_parse() into .off */
+	route_print_fn print;		/* NULL: "name = " setting_format() */
+	unsigned flags;
+	const char *help;
+};
+
+#define P(field) offsetof(struct policy, field)
+
+/* docs/configuration.md "Routes" in its order, which is also the order of
+ * --check-config's lines and of the list in the unknown-key error. */
+static const struct route_key route_keys[] = {
+	{ .name = "match", .set = set_match, .print = print_match,
+	  .help = "METHODS PATH-GLOB; the first route that matches wins" },
+	{ .name = "key", .set = set_key, .print = print_key,
+	  .help = "header:NAME, query:NAME, form:FIELD, json:/pointer, auto "
+		  "or none" },
+	{ .name = "key_prefix", .set = set_key_prefix, .print = print_key_prefix,
+	  .help = "prepended to the key" },
+	{ .name = "require_key", .off = P(require_key), .flags = KEY_OPTION,
+	  .help = "400 when the key source yields nothing" },
+	{ .name = "in_flight", .off = P(in_flight), .flags = KEY_OPTION,
+	  .help = "a duplicate of a running request waits, or gets 409" },
+	{ .name = "wait_timeout", .off = P(wait_timeout_ms), .flags = KEY_OPTION,
+	  .help = "longest a waiting duplicate is held" },
+	{ .name = "ttl", .off = P(ttl_ms), .flags = KEY_OPTION,
+	  .help = "how long a completed response is replayed" },
+	{ .name = "lease", .off = P(lease_ms), .flags = KEY_OPTION,
+	  .help = "a silent owner's claim is taken over after this" },
+	{ .name = "max_body", .off = P(max_body), .flags = KEY_OPTION,
+	  .help = "largest keyed request body" },
+	{ .name = "max_cached_response", .off = P(max_cached_response),
+	  .flags = KEY_OPTION, .help = "largest response stored for replay" },
+	{ .name = "on_upstream_error", .off = P(on_upstream_error),
+	  .flags = KEY_OPTION, .help = "5xx release the key, or are replayed" },
+	{ .name = "store_down", .off = P(store_down), .flags = KEY_OPTION,
+	  .help = "503, or forward unprotected, when the store is down" },
+	{ .name = "scope", .set = set_scope, .print = print_scope,
+	  .help = "header:NAME namespaces keys by that header's value; none" },
+	{ .name = "verify", .set = set_verify, .print = print_verify,
+	  .flags = KEY_FIRST | KEY_VERIFY,
+	  .help = "hmac-sha256: the body must carry a valid signature; none" },
+	{ .name = "verify_format", .off = P(verify),
+	  .syn = SYNTAX_WORDS(policy_verify_format_words),
+	  .flags = KEY_VERIFY, .help = "github or stripe" },
+	{ .name = "verify_header", .off = P(verify_header),
+	  .syn = SYNTAX_TOKEN, .flags = KEY_VERIFY,
+	  .help = "the header carrying the signature" },
+	{ .name = "verify_secret_env", .set = set_verify_secret_env,
+	  .print = print_verify_secret, .flags = KEY_VERIFY,
+	  .help = "the environment variable holding the secret" },
+	{ .name = "verify_tolerance", .off = P(verify_tolerance_ms),
+	  .syn = SYNTAX_DURATION(1), .def = "5m", .flags = KEY_VERIFY,
+	  .help = "stripe: how far the signed time may be from now" },
+	{ .name = "require_issued_key", .off = P(require_issued_key),
+	  .syn = SYNTAX_BOOL, .def = "no", .flags = KEY_ISSUED,
+	  .help = "only keys from GET /.well-known/idempotency-key" },
+	{ .name = "issued_key_ttl", .off = P(issued_key_ttl_ms),
+	  .flags = KEY_OPTION | KEY_ISSUED,
+	  .help = "how long after issue a key may first be used" },
+};
+
+#define NKEYS (sizeof(route_keys) / sizeof(route_keys[0]))
+
+static const struct route_key *key_by_name(const char *name)
+{
+	for (size_t i = 0; i < NKEYS; i++)
+		if (strcmp(route_keys[i].name, name) == 0)
+			return &route_keys[i];
+	return NULL;
+}
+
+/* The syntax of a row with none of its own: the option's. */
+static const struct setting_syntax *key_syntax(const struct route_key *k)
+{
+	if (k->flags & KEY_OPTION)
+		return config_option_syntax(NULL, k->name, NULL);
+	return &k->syn;
+}
+
+/* Apply one `key = value` of a route. Returns -1 with why set. */
+static int apply(struct route *r, const struct route_key *k, const char *v,
+		 char **envp, char *why, size_t len)
+{
+	const struct setting_syntax *syn;
+
+	if (k->set != NULL)
+		return k->set(r, v, envp, why, len);
+	syn = key_syntax(k);
+	if (syn == NULL) {
+		snprintf(why, len, "internal error: no [idemproxy] option");
+		return -1;
+	}
+	return setting_parse(syn, v, (char *)&r->policy + k->off, why, len);
+}
+
+static void unknown_key(char *why, size_t len)
+{
+	size_t used = (size_t)snprintf(why, len, "unknown key (route keys:");
+
+	for (size_t i = 0; i < NKEYS && used < len; i++)
+		used += (size_t)snprintf(why + used, len - used, "%s %s",
+					 i == 0 ? "" : ",", route_keys[i].name);
+	if (used < len)
+		snprintf(why + used, len - used, ")");
+}
+
+/* Apply the lines of raw in two passes: KEY_FIRST keys, then the rest. */
+static int apply_lines(struct route *r, const struct route_raw *raw,
+		       char **envp, int *verify_line, char *err, size_t errlen)
 {
 	char why[512];
-	int verify_line = raw->line, matched = 0;
 
-	r->name = strdup(raw->name);
-	if (r->name == NULL || policy_copy(&r->policy, &cfg->global) < 0)
-		goto oom;
 	for (int pass = 0; pass < 2; pass++) {
 		for (int i = 0; i < raw->n; i++) {
 			const struct raw_line *l = &raw->lines[i];
+			const struct route_key *k = key_by_name(l->key);
+			int first = k != NULL && (k->flags & KEY_FIRST);
 
-			if (key_rank(l->key) != pass)
+			if (first != (pass == 0))
 				continue;
 			if (strncmp(l->key, "verify", 6) == 0)
-				verify_line = l->line;
-			if (strcmp(l->key, "match") == 0)
-				matched = 1;
-			if (apply(r, l->key, l->value, envp, why, sizeof(why)) < 0) {
+				*verify_line = l->line;
+			if (k == NULL)
+				unknown_key(why, sizeof(why));
+			if (k == NULL || apply(r, k, l->value, envp, why,
+					       sizeof(why)) < 0) {
 				snprintf(err, errlen, "%s:%d: route %s: %s: %s",
 					 raw->file, l->line, raw->name, l->key, why);
 				return -1;
 			}
 		}
 	}
-	if (!matched) {
+	return 0;
+}
+
+static bool has_key(const struct route_raw *raw, const char *key)
+{
+	for (int i = 0; i < raw->n; i++)
+		if (strcmp(raw->lines[i].key, key) == 0)
+			return true;
+	return false;
+}
+
+static int build_route(struct route *r, const struct route_raw *raw,
+		       const struct config *cfg, char **envp, char *err,
+		       size_t errlen)
+{
+	int verify_line = raw->line;
+
+	r->name = strdup(raw->name);
+	if (r->name == NULL || policy_copy(&r->policy, &cfg->global) < 0)
+		goto oom;
+	if (apply_lines(r, raw, envp, &verify_line, err, errlen) < 0)
+		return -1;
+	if (!has_key(raw, "match")) {
 		snprintf(err, errlen, "%s:%d: route %s: match is required (e.g. "
 			 "match = POST /orders*)", raw->file, raw->line, raw->name);
 		return -1;
@@ -496,10 +593,53 @@ static int build_route(struct route *r, const struct route_raw *raw,
 			return -1;
 		}
 		if (r->policy.verify_header == NULL &&
-		    set_str(&r->policy.verify_header,
-			    r->policy.verify == VERIFY_STRIPE ? "Stripe-Signature" :
-								"X-Hub-Signature-256") < 0)
-			goto oom;
+		    setting_set_string(&r->policy.verify_header,
+				       r->policy.verify == VERIFY_STRIPE ?
+				       "Stripe-Signature" : "X-Hub-Signature-256",
+				       err, errlen) < 0)
+			return -1;
+	}
+	return 0;
+oom:
+	snprintf(err, errlen, "out of memory");
+	return -1;
+}
+
+/*
+ * The global policy: keys from --key-header, and every row's default -
+ * the option's value for KEY_OPTION rows, .def for the route-only ones.
+ */
+static int global_policy(struct config *cfg, char *err, size_t errlen)
+{
+	struct policy *g = &cfg->global;
+	char why[512];
+
+	memset(g, 0, sizeof(*g));
+	g->key_source = KEY_SRC_HEADER;
+	if (setting_set_string(&g->key_name, cfg->key_header, err, errlen) < 0 ||
+	    setting_set_string(&g->key_prefix, "", err, errlen) < 0)
+		return -1;
+	for (size_t i = 0; i < NKEYS; i++) {
+		const struct route_key *k = &route_keys[i];
+		void *field = (char *)g + k->off;
+		const struct setting_syntax *syn;
+		const void *value;
+
+		if (k->flags & KEY_OPTION) {
+			syn = config_option_syntax(cfg, k->name, &value);
+			if (syn == NULL) {
+				snprintf(err, errlen, "internal error: route key "
+					 "%s has no [idemproxy] option", k->name);
+				return -1;
+			}
+			if (setting_copy(syn, field, value) < 0)
+				goto oom;
+		} else if (k->def != NULL &&
+			   setting_parse(&k->syn, k->def, field, why, sizeof(why)) < 0) {
+			snprintf(err, errlen, "internal error: route key %s: "
+				 "default: %s", k->name, why);
+			return -1;
+		}
 	}
 	return 0;
 oom:
@@ -510,31 +650,17 @@ oom:
 int routes_build(struct config *cfg, const struct route_raw *raw,
 		 char **envp, char *err, size_t errlen)
 {
-	struct policy *g = &cfg->global;
 	int n = 0;
 
-	memset(g, 0, sizeof(*g));
-	g->key_source = KEY_SRC_HEADER;
-	g->key_name = strdup(cfg->key_header);
-	g->key_prefix = strdup("");
-	g->require_key = cfg->require_key;
-	g->in_flight = cfg->in_flight;
-	g->wait_timeout_ms = cfg->wait_timeout_ms;
-	g->ttl_ms = cfg->ttl_ms;
-	g->lease_ms = cfg->lease_ms;
-	g->max_body = cfg->max_body;
-	g->max_cached_response = cfg->max_cached_response;
-	g->store_down = cfg->store_down;
-	g->on_upstream_error = cfg->on_upstream_error;
-	g->verify_tolerance_ms = 5 * 60 * 1000;
-	g->issued_key_ttl_ms = cfg->issued_key_ttl_ms;
-	if (g->key_name == NULL || g->key_prefix == NULL)
-		goto oom;
+	if (global_policy(cfg, err, errlen) < 0)
+		return -1;
 	for (const struct route_raw *r = raw; r != NULL; r = r->next)
 		n++;
 	cfg->routes = n ? calloc((size_t)n, sizeof(*cfg->routes)) : NULL;
-	if (n && cfg->routes == NULL)
-		goto oom;
+	if (n && cfg->routes == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
 	for (const struct route_raw *r = raw; r != NULL; r = r->next) {
 		/* counted as it goes, so routes_free frees what was built */
 		if (build_route(&cfg->routes[cfg->nroutes++], r, cfg, envp, err,
@@ -542,9 +668,6 @@ int routes_build(struct config *cfg, const struct route_raw *raw,
 			return -1;
 	}
 	return 0;
-oom:
-	snprintf(err, errlen, "out of memory");
-	return -1;
 }
 
 void routes_free(struct config *cfg)
@@ -623,65 +746,29 @@ const char *route_key_source_name(enum key_source k)
 	return "";
 }
 
-static void methods_print(uint64_t mask, FILE *out)
-{
-	bool first = true;
-
-	if (mask == ~0ULL) {
-		fputs("*", out);
-		return;
-	}
-	for (int m = 0; m < 64; m++) {
-		if (!((mask >> m) & 1))
-			continue;
-		fprintf(out, "%s%s", first ? "" : ",",
-			llhttp_method_name((llhttp_method_t)m));
-		first = false;
-	}
-}
-
 void routes_print(const struct config *cfg, FILE *out)
 {
-	char a[32], b[32], c[32], d[32], e[32];
+	char buf[1024];
 
 	for (int i = 0; i < cfg->nroutes; i++) {
 		const struct route *r = &cfg->routes[i];
 		const struct policy *p = &r->policy;
 
-		fprintf(out, "\n[route %s]\nmatch = ", r->name);
-		methods_print(r->methods, out);
-		fprintf(out, " %s\nkey = %s%s\n", r->glob,
-			route_key_source_name(p->key_source),
-			p->key_name != NULL ? p->key_name : "");
-		if (p->key_prefix[0] != '\0')
-			fprintf(out, "key_prefix = %s\n", p->key_prefix);
-		units_format_duration(p->wait_timeout_ms, a, sizeof(a));
-		units_format_duration(p->ttl_ms, b, sizeof(b));
-		units_format_duration(p->lease_ms, c, sizeof(c));
-		units_format_size(p->max_body, d, sizeof(d));
-		units_format_size(p->max_cached_response, e, sizeof(e));
-		fprintf(out, "require_key = %s\nin_flight = %s\nwait_timeout = %s\n"
-			"ttl = %s\nlease = %s\nmax_body = %s\n"
-			"max_cached_response = %s\non_upstream_error = %s\n"
-			"store_down = %s\nscope = %s%s\n",
-			p->require_key ? "yes" : "no",
-			p->in_flight == IN_FLIGHT_WAIT ? "wait" : "reject", a, b, c,
-			d, e,
-			p->on_upstream_error == UPSTREAM_ERROR_KEEP ? "keep" : "release",
-			p->store_down == STORE_DOWN_FAIL_OPEN ? "fail-open" : "fail-closed",
-			p->scope_header ? "header:" : "none",
-			p->scope_header ? p->scope_header : "");
-		if (p->verify != VERIFY_NONE) {
-			units_format_duration(p->verify_tolerance_ms, a, sizeof(a));
-			fprintf(out, "verify = hmac-sha256\nverify_format = %s\n"
-				"verify_header = %s\nverify_secret = (%zu bytes, from "
-				"the environment)\nverify_tolerance = %s\n",
-				p->verify == VERIFY_STRIPE ? "stripe" : "github",
-				p->verify_header, p->verify_secret_len, a);
-		}
-		if (p->require_issued_key) {
-			units_format_duration(p->issued_key_ttl_ms, a, sizeof(a));
-			fprintf(out, "require_issued_key = yes\nissued_key_ttl = %s\n", a);
+		fprintf(out, "\n[route %s]\n", r->name);
+		for (size_t j = 0; j < NKEYS; j++) {
+			const struct route_key *k = &route_keys[j];
+			const struct setting_syntax *syn = key_syntax(k);
+
+			if (((k->flags & KEY_VERIFY) && p->verify == VERIFY_NONE) ||
+			    ((k->flags & KEY_ISSUED) && !p->require_issued_key))
+				continue;
+			if (k->print != NULL) {
+				k->print(r, out);
+			} else if (syn != NULL) {
+				setting_format(syn, (const char *)p + k->off, buf,
+					       sizeof(buf));
+				fprintf(out, "%s = %s\n", k->name, buf);
+			}
 		}
 	}
 }

@@ -1,11 +1,11 @@
 /*
  * route.h - per-route request policy (DESIGN.md §3 config file, §4).
  *
- * A request gets one struct policy: the first [route NAME] whose `match`
- * covers its method and path, or the global policy built from the
- * [idemproxy] options. A policy says where the key comes from, how it is
- * scoped, whether the body must carry a valid signature, and every
- * per-request setting of the engine.
+ * A request gets one struct policy (policy.h): the first [route NAME] whose
+ * `match` covers its method and path, or the global policy built from the
+ * [idemproxy] options. A route key that is also an [idemproxy] option
+ * (ttl, in_flight, max_body, ...) takes the same values, held to the same
+ * bounds, and defaults to the option's value.
  */
 #ifndef IDEMPROXY_ROUTE_H
 #define IDEMPROXY_ROUTE_H
@@ -16,46 +16,9 @@
 #include <stdio.h>
 
 #include "compiler.h"
+#include "policy.h"
 
 struct config;
-
-enum key_source {
-	KEY_SRC_HEADER,		/* header:NAME */
-	KEY_SRC_QUERY,		/* query:NAME (percent-decoded) */
-	KEY_SRC_FORM,		/* form:FIELD (urlencoded body) */
-	KEY_SRC_JSON,		/* json:/pointer (RFC 6901; string or integer) */
-	KEY_SRC_AUTO,		/* the request fingerprint itself */
-	KEY_SRC_NONE,		/* not protected: pass through */
-};
-
-enum verify_format {
-	VERIFY_NONE,
-	VERIFY_GITHUB,		/* "sha256=<hex>" of HMAC(secret, body) */
-	VERIFY_STRIPE,		/* "t=<unix>,v1=<hex>[,v1=...]" over "<t>.<body>" */
-};
-
-struct policy {
-	enum key_source key_source;
-	char *key_name;		/* header/query/form name, or JSON pointer */
-	char *key_prefix;	/* "" when none */
-	bool require_key;
-	int in_flight;		/* enum in_flight_mode */
-	uint64_t wait_timeout_ms;
-	uint64_t ttl_ms;
-	uint64_t lease_ms;
-	uint64_t max_body;
-	uint64_t max_cached_response;
-	int store_down;		/* enum store_down_mode */
-	int on_upstream_error;	/* enum upstream_error_mode */
-	char *scope_header;	/* NULL: the global scope */
-	enum verify_format verify;
-	char *verify_header;
-	char *verify_secret;	/* read from verify_secret_env at load */
-	size_t verify_secret_len;
-	uint64_t verify_tolerance_ms;
-	bool require_issued_key;
-	uint64_t issued_key_ttl_ms;
-};
 
 struct route {
 	char *name;
@@ -67,6 +30,10 @@ struct route {
 /* Raw `key = value` lines of [route NAME] sections, kept in file order
  * until the global settings are known. */
 struct route_raw;
+
+/* The NAME of a config file section "route NAME" (blanks after "route"
+ * skipped; "" for a bare [route]), or NULL for any other section. */
+const char *route_section_name(const char *section);
 
 int route_raw_section(struct route_raw **raw, const char *name,
 		      const char *file, int line, char *err, size_t errlen) MUSTCHECK;

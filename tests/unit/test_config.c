@@ -645,6 +645,24 @@ static void test_reload(void)
 	   "reload: upstream kept");
 	config_unref(n);
 	config_unref(c);
+
+	/* numbers that need a restart keep their running value, 0 included */
+	p = write_file("reload3.ini", "[idemproxy]\nupstream = http://app:9000\n"
+		       "response_cache = 0\n");
+	c = parses(ARGS("--config", (char *)p), NOENV, "reload3: start");
+	if (c == NULL)
+		return;
+	f = fopen(p, "w");
+	fputs("[idemproxy]\nupstream = http://app:9000\nresponse_cache = 32MiB\n"
+	      "store_connections = 9\n", f);
+	fclose(f);
+	n = config_reload(c, err, sizeof(err));
+	ok(n != NULL && n->response_cache == 0,
+	   "reload: response_cache 0 kept (restart)");
+	ok(n != NULL && n->store_connections == 4,
+	   "reload: store_connections kept (restart)");
+	config_unref(n);
+	config_unref(c);
 }
 
 /* Does config_print(c), or config_usage() for NULL, print want? */

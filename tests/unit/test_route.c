@@ -9,6 +9,9 @@
  *   - [route NAME] sections through config_parse() with INI files in a
  *     mkdtemp directory: inheritance of the global settings, every error
  *     names file:line, the route and the key;
+ *   - a route key that is also an [idemproxy] option takes exactly the
+ *     option's values and bounds, and is refused with the same reason
+ *     (issue 10: ttl = 999999999h was refused globally, taken in a route);
  *   - --check-config output (config_print() with the route blocks);
  *   - key sources (keysrc.h): query, form, JSON pointer, prefix, 255 limit;
  *   - HMAC-SHA256 verification (verify.h): GitHub's documented test vector,
@@ -427,10 +430,11 @@ static void test_config_errors(void)
 		  ENV("EMPTY_SECRET="), 5, "route gh: verify_secret_env: ");
 	fails_ini("verify-bad.ini",
 		  "[idemproxy]\n[route gh]\nmatch = POST /gh\nverify = md5\n", NOENV, 4,
-		  "route gh: verify: expected hmac-sha256 or none");
+		  "route gh: verify: invalid value \"md5\" (use hmac-sha256 or none)");
 	fails_ini("verify-format.ini",
 		  "[idemproxy]\n[route gh]\nmatch = POST /gh\nverify_format = paypal\n",
-		  NOENV, 4, "route gh: verify_format: expected github or stripe");
+		  NOENV, 4, "route gh: verify_format: invalid value \"paypal\" (use "
+		  "github or stripe)");
 	fails_ini("dup-route.ini",
 		  "[idemproxy]\n[route o]\nmatch = POST /o\n[route o]\nkey = auto\n",
 		  NOENV, 4, "[route o] defined twice (first on line 2)");
@@ -458,7 +462,7 @@ static void test_config_errors(void)
 		  4, "route o: require_key: invalid boolean");
 	fails_ini("bad-inflight.ini",
 		  "[idemproxy]\n[route o]\nmatch = POST /o\nin_flight = queue\n", NOENV,
-		  4, "route o: in_flight: expected wait or reject");
+		  4, "route o: in_flight: invalid value \"queue\" (use wait or reject)");
 	fails_ini("bad-scope.ini",
 		  "[idemproxy]\n[route o]\nmatch = POST /o\nscope = cookie:sid\n", NOENV,
 		  4, "route o: scope: expected header:NAME or none");
@@ -475,6 +479,112 @@ static void test_config_errors(void)
 		  "[idemproxy]\n[route a]\nmatch = POST /a\n[route b]\n"
 		  "match = POST /b\nin_flight = later\n", NOENV, 6,
 		  "route b: in_flight: ");
+}
+
+/* ---- a route key holds the value syntax of its [idemproxy] option -------- */
+
+/* struct policy's modes are their enums, not ints (policy.h). */
+#define IS_TYPE(expr, type) _Generic((expr), type: 1, default: 0)
+_Static_assert(IS_TYPE(((struct policy *)0)->in_flight, enum in_flight_mode) &&
+	       IS_TYPE(((struct policy *)0)->store_down, enum store_down_mode) &&
+	       IS_TYPE(((struct policy *)0)->on_upstream_error,
+		       enum upstream_error_mode),
+	       "struct policy: typed modes");
+
+static void test_route_bounds(void)
+{
+	/* refused in [idemproxy], and now in a route too (the other keys
+	 * and values: test_same_as_global) */
+	fails_ini("huge-ttl.ini",
+		  "[idemproxy]\n[route o]\nmatch = POST /o\nttl = 999999999h\n",
+		  NOENV, 4, "route o: ttl: 999999999h is too long (at most "
+		  "2147483647s)");
+	fails_ini("huge-tolerance.ini",
+		  "[idemproxy]\n[route o]\nmatch = POST /o\n"
+		  "verify_tolerance = 999999999h\n", NOENV, 4,
+		  "route o: verify_tolerance: 999999999h is too long");
+	fails_ini("zero-cached.ini",
+		  "[idemproxy]\n[route o]\nmatch = POST /o\n"
+		  "max_cached_response = 0\n", NOENV, 4,
+		  "route o: max_cached_response: size 0 out of range (1B-512MiB)");
+	fails_ini("huge-body.ini",
+		  "[idemproxy]\n[route o]\nmatch = POST /o\nmax_body = 2GiB\n",
+		  NOENV, 4, "route o: max_body: size 2GiB out of range (1B-1GiB)");
+}
+
+static char *same_path;
+
+/* Parse `key = value` in [idemproxy] (line 2) or in a route (line 4); the
+ * reason of the error after "key: ", or "" when it parses. */
+static void reason(const char *key, const char *value, int route, char *out,
+		   size_t len)
+{
+	char text[256], prefix[512];
+	struct config *c;
+	FILE *f;
+
+	snprintf(text, sizeof(text), route ? "[idemproxy]\n[route o]\n"
+		 "match = POST /o\n%s = %s\n" : "[idemproxy]\n%s = %s\n", key, value);
+	f = fopen(same_path, "w");
+	if (f == NULL || fputs(text, f) < 0 || fclose(f) != 0) {
+		perror(same_path);
+		exit(99);
+	}
+	c = parse(ARGS("--upstream", "http://127.0.0.1:9", "--config", same_path),
+		  NOENV);
+	config_unref(c);
+	snprintf(prefix, sizeof(prefix), "%s:%d: %s%s: ", same_path,
+		 route ? 4 : 2, route ? "route o: " : "", key);
+	if (c != NULL)
+		snprintf(out, len, "%s", "");
+	else if (strncmp(err, prefix, strlen(prefix)) == 0)
+		snprintf(out, len, "%s", err + strlen(prefix));
+	else
+		snprintf(out, len, "(unexpected error) %.900s", err);
+}
+
+static void test_same_as_global(void)
+{
+	static const char *const durations[] = {
+		"soon", "", "0s", "0ms", "10 s", "1.5s", "1d", "10", "1h",
+		"2147483647s", "2147483648s", "999999999h",
+		"99999999999999999999s",
+	};
+	static const char *const sizes[] = {
+		"lots", "", "0", "1", "1KB", "64KiB", "512MiB", "513MiB", "1GiB",
+		"2GiB", "99999999999999999999",
+	};
+	static const char *const words[] = {
+		"", "maybe", "2", "YES", "off", "1", "queue", "REJECT", "wait",
+		"open", "fail-open", "x", "keep", "Release",
+	};
+	static const struct {
+		const char *key;
+		const char *const *values;
+		size_t n;
+	} keys[] = {
+		{ "wait_timeout", durations, 13 }, { "ttl", durations, 13 },
+		{ "lease", durations + 9, 4 }, { "issued_key_ttl", durations, 13 },
+		{ "max_body", sizes, 11 }, { "max_cached_response", sizes, 11 },
+		{ "require_key", words, 14 }, { "in_flight", words, 14 },
+		{ "store_down", words, 14 }, { "on_upstream_error", words, 14 },
+	};
+	char g[1024], r[1024];
+
+	same_path = write_file("same.ini", "");
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+		for (size_t j = 0; j < keys[i].n; j++) {
+			const char *v = keys[i].values[j];
+
+			reason(keys[i].key, v, 0, g, sizeof(g));
+			reason(keys[i].key, v, 1, r, sizeof(r));
+			if (!ok(strcmp(g, r) == 0, "same syntax: %s = \"%s\" %s",
+				keys[i].key, v, g[0] ? "refused alike" :
+				"accepted alike"))
+				printf("#   [idemproxy]: \"%s\"\n#   route: \"%s\"\n",
+				       g, r);
+		}
+	}
 }
 
 /* ---- --check-config ----------------------------------------------------- */
@@ -876,6 +986,8 @@ int main(void)
 	test_policy();
 	test_config_values();
 	test_config_errors();
+	test_route_bounds();
+	test_same_as_global();
 	test_print();
 	test_keysrc_query();
 	test_keysrc_form();

@@ -1,0 +1,97 @@
+/*
+ * policy.h - what one request is held to (DESIGN.md §3, §4): the modes and
+ * limits of the engine, where the key comes from, how it is scoped, and
+ * whether the body must be signed.
+ *
+ * A struct policy is built by route.c, once for the [idemproxy] options
+ * (the global policy) and once per [route NAME]; config.h and route.h both
+ * include this header. policy.c has the words of its modes and its copy
+ * and free.
+ */
+#ifndef IDEMPROXY_POLICY_H
+#define IDEMPROXY_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compiler.h"
+#include "setting.h"
+
+enum in_flight_mode {
+	IN_FLIGHT_WAIT,		/* hold duplicates until the winner settles */
+	IN_FLIGHT_REJECT,	/* answer duplicates 409 at once */
+};
+
+enum store_down_mode {
+	STORE_DOWN_FAIL_CLOSED,	/* keyed requests get 503 */
+	STORE_DOWN_FAIL_OPEN,	/* keyed requests are forwarded unprotected */
+};
+
+enum upstream_error_mode {
+	UPSTREAM_ERROR_RELEASE,	/* 5xx/502/504 release the key */
+	UPSTREAM_ERROR_KEEP,	/* 5xx/502/504 are stored and replayed */
+};
+
+enum key_source {
+	KEY_SRC_HEADER,		/* header:NAME */
+	KEY_SRC_QUERY,		/* query:NAME (percent-decoded) */
+	KEY_SRC_FORM,		/* form:FIELD (urlencoded body) */
+	KEY_SRC_JSON,		/* json:/pointer (RFC 6901; string or integer) */
+	KEY_SRC_AUTO,		/* the request fingerprint itself */
+	KEY_SRC_NONE,		/* not protected: pass through */
+};
+
+enum verify_format {
+	VERIFY_NONE,
+	VERIFY_GITHUB,		/* "sha256=<hex>" of HMAC(secret, body) */
+	VERIFY_STRIPE,		/* "t=<unix>,v1=<hex>[,v1=...]" over "<t>.<body>" */
+};
+
+/* The words of each mode, as both settings tables take and print them. */
+extern const struct setting_word policy_in_flight_words[];
+extern const struct setting_word policy_store_down_words[];
+extern const struct setting_word policy_upstream_error_words[];
+extern const struct setting_word policy_verify_format_words[];	/* not none */
+
+/* The settings tables (setting.h) store a word of an enum as an int. */
+_Static_assert(sizeof(enum in_flight_mode) == sizeof(int) &&
+	       sizeof(enum store_down_mode) == sizeof(int) &&
+	       sizeof(enum upstream_error_mode) == sizeof(int) &&
+	       sizeof(enum verify_format) == sizeof(int),
+	       "a settings table writes enums as int");
+
+struct policy {
+	enum key_source key_source;
+	char *key_name;		/* header/query/form name, or JSON pointer */
+	char *key_prefix;	/* "" when none */
+	bool require_key;
+	enum in_flight_mode in_flight;
+	uint64_t wait_timeout_ms;
+	uint64_t ttl_ms;
+	uint64_t lease_ms;
+	uint64_t max_body;
+	uint64_t max_cached_response;
+	enum store_down_mode store_down;
+	enum upstream_error_mode on_upstream_error;
+	char *scope_header;	/* NULL: the global scope */
+	enum verify_format verify;
+	char *verify_header;
+	char *verify_secret;	/* read from verify_secret_env at load */
+	size_t verify_secret_len;
+	uint64_t verify_tolerance_ms;
+	bool require_issued_key;
+	uint64_t issued_key_ttl_ms;
+};
+
+/* A deep copy of src into dst. On -1 (out of memory) dst holds what was
+ * copied so far, for policy_free(). */
+int policy_copy(struct policy *dst, const struct policy *src) MUSTCHECK;
+
+/* Replace the secret, the old one wiped. -1 when out of memory. */
+int policy_set_secret(struct policy *p, const char *secret) MUSTCHECK;
+
+/* Free every string, the secret wiped first, and zero p. */
+void policy_free(struct policy *p);
+
+#endif
