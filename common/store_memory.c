@@ -410,9 +410,7 @@ static struct store_op *mem_watch(struct store *s, struct event_base *base,
 		return op_post(o, STORE_SETTLED);
 	}
 	{
-		uint64_t left = e->lease_until - now;
-		struct timeval tv = { (time_t)(left / 1000),
-				      (suseconds_t)(left % 1000) * 1000 };
+		struct timeval tv = clock_tv(e->lease_until - now);
 
 		o->watching = e;
 		TAILQ_INSERT_TAIL(&e->waiters, o, wlink);

@@ -245,8 +245,7 @@ static void retry_cb(evutil_socket_t fd, short what, void *arg)
 static void rc_failed(struct rconn *rc, const char *why)
 {
 	struct redis_store *rs = rc->rs;
-	struct timeval tv = { (time_t)(rc->backoff_ms / 1000),
-			      (suseconds_t)(rc->backoff_ms % 1000) * 1000 };
+	struct timeval tv = clock_tv(rc->backoff_ms);
 
 	metrics_store_error(STORE_KIND_REDIS);
 	if (!rc->failing)
@@ -627,8 +626,7 @@ static struct store_op *redis_claim(struct store *s, struct event_base *base,
 	o->state = CLAIM_LOOKUP;
 	o->rc = rc;
 	ms = atomic_load_explicit(&rs->timeout_ms, memory_order_relaxed);
-	tv.tv_sec = (time_t)(ms / 1000);
-	tv.tv_usec = (suseconds_t)(ms % 1000) * 1000;
+	tv = clock_tv(ms);
 	evtimer_add(o->ev, &tv);
 	return &o->op;
 inner:

@@ -77,7 +77,7 @@ struct idem {
 	struct store_op *ext_op;	/* lease extension */
 	struct event *timer;		/* WAIT: timeout; FORWARD: extend;
 					 * SETTLE: retry back-off */
-	struct timespec wait_start;
+	uint64_t wait_start_ms;
 	bool waited;
 	bool wait_expired;		/* wait_timeout passed during a re-claim */
 	bool owns;			/* won the claim: must settle */
@@ -94,7 +94,7 @@ struct idem {
 	enum outcome undo_outcome;
 
 	struct upstream *up;
-	struct timespec up_start;
+	uint64_t up_start_ms;
 	bool resp_head;			/* final head seen */
 	int status;
 	struct evbuffer *cap_head;	/* "Name: value\r\n"... */
@@ -109,13 +109,9 @@ static void claim(struct idem *ix);
 static void settle(struct idem *ix);
 static void write_settlement(struct idem *ix);
 
-static double seconds_since(const struct timespec *t0)
+static double seconds_since(uint64_t t0_ms)
 {
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (double)(now.tv_sec - t0->tv_sec) +
-	       (double)(now.tv_nsec - t0->tv_nsec) / 1e9;
+	return (double)(clock_ms() - t0_ms) / 1e3;
 }
 
 /* The n-th retry's back-off (n >= 1): first, doubling, capped. */
@@ -142,7 +138,7 @@ static bool lease_allows(const struct idem *ix, uint64_t ms)
 
 static void arm_timer(struct idem *ix, uint64_t ms)
 {
-	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+	struct timeval tv = clock_tv(ms);
 
 	evtimer_add(ix->timer, &tv);
 }
@@ -250,7 +246,7 @@ static void let_go_if_alone(struct idem *ix)
 static void observe_wait(struct idem *ix)
 {
 	if (ix->waited)
-		metrics_observe(HISTOGRAM_wait_seconds, seconds_since(&ix->wait_start));
+		metrics_observe(HISTOGRAM_wait_seconds, seconds_since(ix->wait_start_ms));
 }
 
 /* Answer the client with a problem and end. */
@@ -332,7 +328,7 @@ static void up_done(void *arg)
 {
 	struct idem *ix = arg;
 
-	metrics_observe(HISTOGRAM_upstream_seconds, seconds_since(&ix->up_start));
+	metrics_observe(HISTOGRAM_upstream_seconds, seconds_since(ix->up_start_ms));
 	upstream_release(ix->up);
 	ix->up = NULL;
 	evtimer_del(ix->timer);
@@ -447,7 +443,7 @@ static bool send_request(struct idem *ix, bool fresh)
 				  ix->req.head_method, fresh);
 	if (ix->up == NULL)
 		return false;
-	clock_gettime(CLOCK_MONOTONIC, &ix->up_start);
+	ix->up_start_ms = clock_ms();
 	if (keep)
 		evbuffer_add(upstream_output(ix->up), evbuffer_pullup(req, -1), len);
 	else
@@ -728,7 +724,7 @@ static void on_claim(void *arg, const struct store_result *res)
 		}
 		if (!ix->waited) {
 			ix->waited = true;
-			clock_gettime(CLOCK_MONOTONIC, &ix->wait_start);
+			ix->wait_start_ms = clock_ms();
 			arm_timer(ix, ix->req.wait_timeout_ms);
 		}
 		ix->state = IDEM_ST_WAIT;

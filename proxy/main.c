@@ -21,6 +21,7 @@
 #include <event2/util.h>
 
 #include "admin.h"
+#include "clock.h"
 #include "config.h"
 #include "log.h"
 #include "store.h"
@@ -189,8 +190,7 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 	config_unref(d->cfg);
 	d->cfg = cfg;
 	if (d->sweep != NULL) {
-		struct timeval tv = { (time_t)(cfg->sweep_interval_ms / 1000),
-			(suseconds_t)(cfg->sweep_interval_ms % 1000) * 1000 };
+		struct timeval tv = clock_tv(cfg->sweep_interval_ms);
 
 		event_add(d->sweep, &tv);	/* re-armed at the new interval */
 	}
@@ -219,12 +219,39 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 	store_sweep(d->store, d->base);
 }
 
+/*
+ * The store the configuration asks for: memory, or PostgreSQL with Redis
+ * (--redis) and the response cache (--response-cache) in front, the cache
+ * kept coherent by PostgreSQL's listeners. NULL after logging why.
+ */
+static struct store *open_store(const struct config *cfg)
+{
+	struct store *s, *pg;
+	char err[512];
+
+	if (strcmp(cfg->store, "memory") == 0)
+		return store_memory_new(cfg->memory_max_bytes, NULL);
+	s = pg = store_pg_new(cfg->store, cfg->store_connections);
+	if (s != NULL && cfg->redis != NULL) {
+		/* the fast path in front of PostgreSQL; takes the inner store */
+		s = store_redis_new(s, cfg->redis_hp.host, cfg->redis_hp.port,
+				    cfg->redis_db, err, sizeof(err));
+		if (s == NULL)
+			log_error("--redis %s: %s", cfg->redis, err);
+	}
+	if (s != NULL && cfg->response_cache > 0) {
+		s = store_cache_new(s, cfg->response_cache);
+		if (s != NULL)
+			store_pg_on_notify(pg, cache_heard, s);
+	}
+	return s;
+}
+
 static int run(struct daemon *d)
 {
 	struct config *cfg = d->cfg;
 	struct upstream_target target = { .host = cfg->upstream_hp.host,
 					  .port = cfg->upstream_hp.port };
-	struct store *pg = NULL;
 	char port[32];
 	char err[512];
 	int rc = 1;
@@ -233,26 +260,7 @@ static int run(struct daemon *d)
 		log_error("%s", err);
 		return 1;
 	}
-	if (strcmp(cfg->store, "memory") == 0)
-		d->store = store_memory_new(cfg->memory_max_bytes, NULL);
-	else
-		d->store = pg = store_pg_new(cfg->store, cfg->store_connections);
-	if (d->store != NULL && cfg->redis != NULL) {
-		/* the fast path in front of PostgreSQL; takes the inner store */
-		d->store = store_redis_new(d->store, cfg->redis_hp.host,
-					   cfg->redis_hp.port, cfg->redis_db,
-					   err, sizeof(err));
-		if (d->store == NULL) {
-			log_error("--redis %s: %s", cfg->redis, err);
-			return 1;
-		}
-	}
-	if (pg != NULL && d->store != NULL && cfg->response_cache > 0) {
-		/* in front of everything; kept coherent by the pg listeners */
-		d->store = store_cache_new(d->store, cfg->response_cache);
-		if (d->store != NULL)
-			store_pg_on_notify(pg, cache_heard, d->store);
-	}
+	d->store = open_store(cfg);
 	d->base = event_base_new();
 	if (d->store == NULL || d->base == NULL)
 		return 1;
@@ -287,8 +295,7 @@ static int run(struct daemon *d)
 	d->sig_hup = evsignal_new(d->base, SIGHUP, on_hup, d);
 	d->sweep = event_new(d->base, -1, EV_PERSIST, sweep_cb, d);
 	if (d->sweep != NULL) {
-		struct timeval tv = { (time_t)(cfg->sweep_interval_ms / 1000),
-			(suseconds_t)(cfg->sweep_interval_ms % 1000) * 1000 };
+		struct timeval tv = clock_tv(cfg->sweep_interval_ms);
 
 		event_add(d->sweep, &tv);
 	}

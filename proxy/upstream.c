@@ -30,6 +30,7 @@
 #include <event2/util.h>
 #include <llhttp.h>
 
+#include "clock.h"
 #include "h1.h"
 #include "log.h"
 
@@ -673,8 +674,7 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 	u->got_bytes = false;
 	u->keep_alive = false;
 	u->read_paused = false;
-	u->timeout.tv_sec = (time_t)(timeout_ms / 1000);
-	u->timeout.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
+	u->timeout = clock_tv(timeout_ms);
 	parser_reset(u);
 	set_timeouts(u, false);
 	if (u->state == UP_ST_CONNECTING)

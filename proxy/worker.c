@@ -13,6 +13,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 
+#include "clock.h"
 #include "config.h"
 #include "conn.h"
 #include "log.h"
@@ -103,8 +104,7 @@ static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
  * within drain_timeout. */
 static void start_drain(struct worker *w)
 {
-	uint64_t ms = w->cfg->drain_timeout_ms;
-	struct timeval tv = { (time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000 };
+	struct timeval tv = clock_tv(w->cfg->drain_timeout_ms);
 	struct conn *c, *next;
 
 	if (w->draining)
