@@ -253,3 +253,16 @@ void log_msg(enum log_level level, const char *fmt, ...)
 	}
 	errno = saved_errno;
 }
+
+const char *log_flags(unsigned flags, const char *const *names, size_t n,
+		      char *buf, size_t len)
+{
+	size_t used = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < n; i++)
+		if ((flags >> i) & 1)
+			used += (size_t)snprintf(buf + used, used < len ? len - used : 0,
+						 "%s%s", used ? "|" : "", names[i]);
+	return buf;
+}

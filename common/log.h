@@ -7,6 +7,8 @@
 #ifndef IDEMPROXY_LOG_H
 #define IDEMPROXY_LOG_H
 
+#include <stddef.h>
+
 enum log_level {
 	LOG_DEBUG,
 	LOG_INFO,
@@ -33,5 +35,9 @@ void log_msg(enum log_level level, const char *fmt, ...)
 #define log_info(...)  log_msg(LOG_INFO, __VA_ARGS__)
 #define log_warn(...)  log_msg(LOG_WARN, __VA_ARGS__)
 #define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+
+/* A flag word as "name|name" for a log line: bit i is names[i]. */
+const char *log_flags(unsigned flags, const char *const *names, size_t n,
+		      char *buf, size_t len);
 
 #endif

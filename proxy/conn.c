@@ -89,14 +89,8 @@ static const char *conn_flags_str(unsigned flags, char *buf, size_t len)
 		CONN_FLAG_LIST(X)
 #undef X
 	};
-	size_t used = 0;
 
-	buf[0] = '\0';
-	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-		if ((flags >> i) & 1)
-			used += (size_t)snprintf(buf + used, used < len ? len - used : 0,
-						 "%s%s", used ? "|" : "", names[i]);
-	return buf;
+	return log_flags(flags, names, sizeof(names) / sizeof(names[0]), buf, len);
 }
 
 /*

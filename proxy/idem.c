@@ -38,6 +38,7 @@
 #include "clock.h"
 #include "h1.h"
 #include "httphdr.h"
+#include "issue.h"
 #include "log.h"
 
 /*
@@ -64,13 +65,32 @@ enum idem_state {
 	IDEM_ST_DONE,		/* over: on env->done, freed next loop turn */
 };
 
+/* An engine's flags, one word (idem_flags_str() for logs). */
+#define IDEM_FLAG_LIST(X) \
+	X(ORPHAN       , "orphan") \
+	X(WAITED       , "waited") \
+	X(WAIT_EXPIRED , "wait_expired") \
+	X(OWNS         , "owns") \
+	X(RETRIED      , "retried") \
+	X(RESP_HEAD    , "resp_head") \
+	X(CAP_OVERFLOW , "cap_overflow") \
+	X(FAILED       , "failed")
+
+enum {
+#define X(name, label) IDEM_BIT_##name,
+	IDEM_FLAG_LIST(X)
+#undef X
+};
+
+#define IF(name) (1u << IDEM_BIT_##name)
+
 struct idem {
 	enum idem_state state;
+	unsigned flags;			/* IF(...) */
 	struct idem_env *env;
 	struct idem_request req;
 	const struct idem_sink *sink;
 	void *client;			/* NULL once detached */
-	bool orphan;			/* on env->orphans */
 	TAILQ_ENTRY(idem) link;		/* env->orphans, then env->done */
 
 	struct store_op *op;		/* claim, watch, complete or release */
@@ -78,10 +98,6 @@ struct idem {
 	struct event *timer;		/* WAIT: timeout; FORWARD: extend;
 					 * SETTLE: retry back-off */
 	uint64_t wait_start_ms;
-	bool waited;
-	bool wait_expired;		/* wait_timeout passed during a re-claim */
-	bool owns;			/* won the claim: must settle */
-	bool retried;			/* sent again after a stale connection */
 	char owner[STORE_OWNER_LEN + 1];
 	char marker_owner[STORE_OWNER_LEN + 1];	/* a marker we created */
 	int attempts;			/* failed settle writes */
@@ -95,15 +111,39 @@ struct idem {
 
 	struct upstream *up;
 	uint64_t up_start_ms;
-	bool resp_head;			/* final head seen */
 	int status;
 	struct evbuffer *cap_head;	/* "Name: value\r\n"... */
 	struct evbuffer *cap_body;
-	bool cap_overflow;		/* body larger than max_cached_response */
-	bool failed;
 	enum upstream_error error;
 	struct stored_response *outcome;	/* what complete() writes */
 };
+
+static bool if_has(const struct idem *ix, unsigned f)
+{
+	return (ix->flags & f) != 0;
+}
+
+static void if_set(struct idem *ix, unsigned f)
+{
+	ix->flags |= f;
+}
+
+static void if_clr(struct idem *ix, unsigned f)
+{
+	ix->flags &= ~f;
+}
+
+/* "owns|waited" for logs. */
+static const char *idem_flags_str(unsigned flags, char *buf, size_t len)
+{
+	static const char *const names[] = {
+#define X(name, label) label,
+		IDEM_FLAG_LIST(X)
+#undef X
+	};
+
+	return log_flags(flags, names, sizeof(names) / sizeof(names[0]), buf, len);
+}
 
 static void claim(struct idem *ix);
 static void settle(struct idem *ix);
@@ -174,9 +214,9 @@ static void idem_done(struct idem *ix)
 
 	if (ix->state == IDEM_ST_DONE)
 		return;
-	if (ix->orphan) {
+	if (if_has(ix, IF(ORPHAN))) {
 		TAILQ_REMOVE(&env->orphans, ix, link);
-		ix->orphan = false;
+		if_clr(ix, IF(ORPHAN));
 		env->norphans--;
 		if (env->orphans_changed != NULL)
 			env->orphans_changed(env->orphans_arg);
@@ -189,9 +229,9 @@ static void idem_done(struct idem *ix)
 	if (ix->up != NULL)
 		upstream_abort(ix->up);
 	ix->up = NULL;
-	if (ix->owns)
+	if (if_has(ix, IF(OWNS)))
 		metrics_gauge_add(GAUGE_in_flight, -1);
-	ix->owns = false;
+	if_clr(ix, IF(OWNS));
 	evtimer_del(ix->timer);
 	ix->client = NULL;
 	ix->state = IDEM_ST_DONE;
@@ -201,6 +241,7 @@ static void idem_done(struct idem *ix)
 
 static void idem_destroy(struct idem *ix)
 {
+	config_unref(ix->req.cfg);
 	event_free(ix->timer);
 	evbuffer_free(ix->req.request);
 	evbuffer_free(ix->cap_head);
@@ -229,8 +270,8 @@ static void let_go(struct idem *ix)
 		idem_done(ix);
 		return;
 	}
-	if (!ix->orphan) {
-		ix->orphan = true;
+	if (!if_has(ix, IF(ORPHAN))) {
+		if_set(ix, IF(ORPHAN));
 		TAILQ_INSERT_TAIL(&ix->env->orphans, ix, link);
 		ix->env->norphans++;
 	}
@@ -245,7 +286,7 @@ static void let_go_if_alone(struct idem *ix)
 
 static void observe_wait(struct idem *ix)
 {
-	if (ix->waited)
+	if (if_has(ix, IF(WAITED)))
 		metrics_observe(HISTOGRAM_wait_seconds, seconds_since(ix->wait_start_ms));
 }
 
@@ -270,7 +311,7 @@ static bool stored_field(const struct hdrlist *h, uint32_t i, void *arg)
 
 	if (httphdr_drop_on_forward(h, i))
 		return false;
-	return ix->req.keep_set_cookie || h->v[i].name_len != 10 ||
+	return (ix->req.policy->scope_header != NULL) || h->v[i].name_len != 10 ||
 	       strcasecmp(hdr_name(h, i), "set-cookie") != 0;
 }
 
@@ -286,7 +327,7 @@ static void up_head(void *arg, const struct upstream_resp *r)
 	struct idem *ix = arg;
 
 	if (r->status >= 200) {
-		ix->resp_head = true;
+		if_set(ix, IF(RESP_HEAD));
 		capture_head(ix, r);
 	}
 	if (ix->client != NULL)
@@ -297,10 +338,10 @@ static void up_body(void *arg, struct evbuffer *src, size_t len)
 {
 	struct idem *ix = arg;
 
-	if (!ix->cap_overflow) {
+	if (!if_has(ix, IF(CAP_OVERFLOW))) {
 		if (evbuffer_get_length(ix->cap_body) + len >
-		    ix->req.max_cached_response) {
-			ix->cap_overflow = true;
+		    ix->req.policy->max_cached_response) {
+			if_set(ix, IF(CAP_OVERFLOW));
 			evbuffer_drain(ix->cap_body, evbuffer_get_length(ix->cap_body));
 		} else {
 			/* copy: the client takes the bytes themselves */
@@ -312,7 +353,7 @@ static void up_body(void *arg, struct evbuffer *src, size_t len)
 				v.iov_len = len;
 				evbuffer_commit_space(ix->cap_body, &v, 1);
 			} else {
-				ix->cap_overflow = true;	/* out of memory */
+				if_set(ix, IF(CAP_OVERFLOW));	/* out of memory */
 			}
 		}
 	}
@@ -351,14 +392,14 @@ static void up_error(void *arg, enum upstream_error err, bool retryable)
 	 * the route wants strict at-most-once (keep), where an ambiguous
 	 * failure is never executed twice.
 	 */
-	if (retryable && !ix->retried && ix->req.request != NULL &&
-	    ix->req.on_upstream_error == UPSTREAM_ERROR_RELEASE &&
-	    !ix->resp_head) {
-		ix->retried = true;
+	if (retryable && !if_has(ix, IF(RETRIED)) && ix->req.request != NULL &&
+	    ix->req.policy->on_upstream_error == UPSTREAM_ERROR_RELEASE &&
+	    !if_has(ix, IF(RESP_HEAD))) {
+		if_set(ix, IF(RETRIED));
 		if (send_request(ix, true))
 			return;
 	}
-	ix->failed = true;
+	if_set(ix, IF(FAILED));
 	ix->error = err;
 	evtimer_del(ix->timer);
 	log_warn("key %s: upstream %s", ix->req.claim.key.key,
@@ -423,7 +464,7 @@ static void forward(struct idem *ix, enum outcome o)
 		up_error(ix, UPSTREAM_ERROR_CONNECT, false);
 		return;
 	}
-	if (ix->owns)
+	if (if_has(ix, IF(OWNS)))
 		arm_timer(ix, ix->req.claim.lease_ms / 2);
 }
 
@@ -435,11 +476,11 @@ static bool send_request(struct idem *ix, bool fresh)
 {
 	struct evbuffer *req = ix->req.request;
 	size_t len = evbuffer_get_length(req);
-	bool keep = !ix->retried &&
-		    ix->req.on_upstream_error == UPSTREAM_ERROR_RELEASE;
+	bool keep = !if_has(ix, IF(RETRIED)) &&
+		    ix->req.policy->on_upstream_error == UPSTREAM_ERROR_RELEASE;
 
 	ix->up = upstream_acquire(ix->env->pool, &up_cbs, ix,
-				  ix->req.upstream_timeout_ms,
+				  ix->req.cfg->upstream_timeout_ms,
 				  ix->req.head_method, fresh);
 	if (ix->up == NULL)
 		return false;
@@ -540,15 +581,15 @@ static void write_settlement(struct idem *ix)
 static void settle(struct idem *ix)
 {
 	ix->state = IDEM_ST_SETTLE;
-	if (!ix->owns) {
+	if (!if_has(ix, IF(OWNS))) {
 		settled(ix);	/* unprotected: nothing to write */
 		idem_done(ix);
 		return;
 	}
-	if (ix->failed) {
-		if (ix->req.on_upstream_error == UPSTREAM_ERROR_KEEP)
+	if (if_has(ix, IF(FAILED))) {
+		if (ix->req.policy->on_upstream_error == UPSTREAM_ERROR_KEEP)
 			ix->outcome = problem_response(ix->error);
-	} else if (!idem_status_releases(ix->status, ix->req.on_upstream_error)) {
+	} else if (!idem_status_releases(ix->status, ix->req.policy->on_upstream_error)) {
 		size_t blen = evbuffer_get_length(ix->cap_body);
 		size_t hlen = evbuffer_get_length(ix->cap_head);
 
@@ -556,11 +597,11 @@ static void settle(struct idem *ix)
 			hlen ? (const char *)evbuffer_pullup(ix->cap_head, -1) : "",
 			hlen,
 			blen ? (const char *)evbuffer_pullup(ix->cap_body, -1) : "",
-			blen, !ix->cap_overflow);
+			blen, !if_has(ix, IF(CAP_OVERFLOW)));
 	}
 	/* the captured copies are no longer needed */
 	evbuffer_drain(ix->cap_body, evbuffer_get_length(ix->cap_body));
-	if (!ix->orphan)
+	if (!if_has(ix, IF(ORPHAN)))
 		let_go_if_alone(ix);
 	write_settlement(ix);
 }
@@ -575,11 +616,10 @@ static void on_watch(void *arg, const struct store_result *res)
 	claim(ix);	/* the wait timer keeps running across re-claims */
 }
 
-/* The marker of an issued key: (issued_scope, key). */
-static void marker_key(const struct idem *ix, struct store_key *k)
+/* The claim on the marker of an issued key (issue.c). */
+static void marker(const struct idem *ix, struct store_claim *m)
 {
-	memcpy(k->scope, ix->req.issued_scope, sizeof(k->scope));
-	memcpy(k->key, ix->req.issued_key, sizeof(k->key));
+	issue_marker(ix->req.issued_key, issue_marker_ttl(ix->req.cfg), m);
 }
 
 static void undo_step(struct idem *ix);
@@ -598,19 +638,19 @@ static void on_undo(void *arg, const struct store_result *res)
  */
 static void undo_step(struct idem *ix)
 {
-	struct store_key mk;
+	struct store_claim m;
 
 	ix->state = IDEM_ST_UNDO;
 	if (ix->marker_owner[0] != '\0') {
-		marker_key(ix, &mk);
-		ix->op = store_release(ix->env->store, ix->env->base, &mk,
+		marker(ix, &m);
+		ix->op = store_release(ix->env->store, ix->env->base, &m.key,
 				       ix->marker_owner, on_undo, ix);
 		ix->marker_owner[0] = '\0';
 		if (ix->op != NULL)
 			return;
 	}
-	if (ix->owns) {
-		ix->owns = false;
+	if (if_has(ix, IF(OWNS))) {
+		if_clr(ix, IF(OWNS));
 		metrics_gauge_add(GAUGE_in_flight, -1);
 		ix->op = store_release(ix->env->store, ix->env->base,
 				       &ix->req.claim.key, ix->owner, on_undo, ix);
@@ -658,20 +698,17 @@ static void on_marker(void *arg, const struct store_result *res)
  * issued_key_ttl of its issue, and its marker must exist. */
 static void check_issued(struct idem *ix)
 {
-	struct store_claim m = { 0 };
-	time_t now = time(NULL);
+	struct store_claim m;
 
-	if (ix->req.issued_at == 0 || ix->req.issued_at > now + 60 ||
-	    (uint64_t)(now - ix->req.issued_at) * 1000 > ix->req.issued_ttl_ms) {
+	if (!issue_fresh(ix->req.issued_at, time(NULL),
+			 ix->req.policy->issued_key_ttl_ms)) {
 		refuse_winner(ix, PROBLEM_INVALID_KEY, "this key was not issued by "
 			      "GET /.well-known/idempotency-key, or it expired "
 			      "before its first use", OUTCOME_INVALID_KEY);
 		return;
 	}
 	ix->state = IDEM_ST_CHECK;
-	marker_key(ix, &m.key);
-	m.lease_ms = ix->req.issued_lease_ms;
-	m.ttl_ms = ix->req.issued_lease_ms;
+	marker(ix, &m);
 	ix->op = store_claim(ix->env->store, ix->env->base, &m, on_marker, ix);
 	if (ix->op == NULL)
 		refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE, NULL,
@@ -685,13 +722,13 @@ static void on_claim(void *arg, const struct store_result *res)
 	ix->op = NULL;
 	switch (res->status) {
 	case STORE_WON:
-		ix->owns = true;
+		if_set(ix, IF(OWNS));
 		ix->lease_end_ms = ix->claim_sent_ms + ix->req.claim.lease_ms;
 		memcpy(ix->owner, res->owner, sizeof(ix->owner));
 		metrics_gauge_add(GAUGE_in_flight, 1);
 		evtimer_del(ix->timer);
 		observe_wait(ix);
-		if (ix->req.check_issued) {
+		if (ix->req.policy->require_issued_key) {
 			check_issued(ix);
 			return;
 		}
@@ -716,16 +753,16 @@ static void on_claim(void *arg, const struct store_result *res)
 			       "(method, target or body)", OUTCOME_MISMATCH);
 		return;
 	case STORE_IN_FLIGHT:
-		if (ix->req.in_flight == IN_FLIGHT_REJECT || ix->wait_expired) {
+		if (ix->req.policy->in_flight == IN_FLIGHT_REJECT || if_has(ix, IF(WAIT_EXPIRED))) {
 			finish_problem(ix, PROBLEM_IN_PROGRESS,
 				       "a request with this key is still in progress",
 				       OUTCOME_CONFLICT);
 			return;
 		}
-		if (!ix->waited) {
-			ix->waited = true;
+		if (!if_has(ix, IF(WAITED))) {
+			if_set(ix, IF(WAITED));
 			ix->wait_start_ms = clock_ms();
-			arm_timer(ix, ix->req.wait_timeout_ms);
+			arm_timer(ix, ix->req.policy->wait_timeout_ms);
 		}
 		ix->state = IDEM_ST_WAIT;
 		ix->op = store_watch(ix->env->store, ix->env->base,
@@ -738,7 +775,7 @@ static void on_claim(void *arg, const struct store_result *res)
 	case STORE_ERROR:
 	default:
 		evtimer_del(ix->timer);
-		if (ix->req.store_down == STORE_DOWN_FAIL_OPEN) {
+		if (ix->req.policy->store_down == STORE_DOWN_FAIL_OPEN) {
 			log_warn("key %s: store %s, forwarding unprotected (fail-open)",
 				 ix->req.claim.key.key, store_status_name(res->status));
 			forward(ix, OUTCOME_FAIL_OPEN);
@@ -776,7 +813,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		return;
 	case IDEM_ST_FORWARD:
 		ix->ext_sent_ms = clock_ms();
-		if (ix->owns && ix->ext_op == NULL)
+		if (if_has(ix, IF(OWNS)) && ix->ext_op == NULL)
 			ix->ext_op = store_extend(ix->env->store, ix->env->base,
 						  &ix->req.claim.key, ix->owner,
 						  ix->req.claim.lease_ms,
@@ -791,7 +828,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	case IDEM_ST_CLAIM:
 		/* the wait timed out while a re-claim was with the store:
 		 * still in flight, it answers 409; settled, it goes on */
-		ix->wait_expired = true;
+		if_set(ix, IF(WAIT_EXPIRED));
 		return;
 	case IDEM_ST_CHECK:
 	case IDEM_ST_UNDO:
@@ -809,6 +846,7 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 		goto fail;
 	ix->env = env;
 	ix->req = *req;
+	ix->req.cfg = config_ref(req->cfg);
 	ix->sink = sink;
 	ix->client = client;
 	ix->timer = evtimer_new(env->base, timer_cb, ix);
@@ -831,6 +869,8 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 	return ix;
 fail:
 	if (ix != NULL) {
+		if (ix->req.cfg != NULL)
+			config_unref(ix->req.cfg);
 		if (ix->timer != NULL)
 			event_free(ix->timer);
 		if (ix->cap_head != NULL)
@@ -860,10 +900,12 @@ void idem_resume(struct idem *ix)
 void idem_abort_orphans(struct idem_env *env)
 {
 	struct idem *ix;
+	char flags[128];
 
 	while ((ix = TAILQ_FIRST(&env->orphans)) != NULL) {
-		log_warn("key %s: abandoned at shutdown; its lease will free it",
-			 ix->req.claim.key.key);
+		log_warn("key %s: abandoned at shutdown [%s]; its lease will free it",
+			 ix->req.claim.key.key,
+			 idem_flags_str(ix->flags, flags, sizeof(flags)));
 		idem_done(ix);
 	}
 }

@@ -71,28 +71,22 @@ struct idem_sink {
 
 struct idem_request {
 	struct store_claim claim;	/* key, fingerprint, lease, ttl */
-	enum in_flight_mode in_flight;
-	uint64_t wait_timeout_ms;
-	uint64_t upstream_timeout_ms;
-	uint64_t max_cached_response;
-	enum store_down_mode store_down;
-	enum upstream_error_mode on_upstream_error;
+	/* the settings the request is handled under: the route's policy (or
+	 * the global one) inside cfg, of which the engine holds a reference
+	 * for as long as it lives (it may outlive the connection) */
+	struct config *cfg;
+	const struct policy *policy;
 	bool head_method;		/* HEAD: the response has no body */
-	bool keep_set_cookie;		/* scoped to a caller: store Set-Cookie */
 	bool unprotected;		/* no key to be had: just forward it */
 	/* require_issued_key: the key must have been issued by this proxy
-	 * (a marker record in issued_scope) no longer than issued_ttl_ms
-	 * before its first use */
-	bool check_issued;
+	 * (issue.c): its marker, and its issue time */
 	char issued_key[IDEMKEY_MAX + 1];	/* the key without key_prefix */
 	time_t issued_at;		/* from the key; 0: not one of ours */
-	uint64_t issued_ttl_ms;
-	uint64_t issued_lease_ms;	/* the marker's lifetime */
-	char issued_scope[STORE_SCOPE_LEN + 1];
 	struct evbuffer *request;	/* head + body for the upstream; taken */
 };
 
-/* Start the claim. Returns NULL (request freed) when out of memory. */
+/* Start the claim; the engine takes req->request and a reference to
+ * req->cfg. Returns NULL (request freed) when out of memory. */
 struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 			const struct idem_sink *sink, void *client);
 /*

@@ -202,7 +202,7 @@ static int body_key(const struct keyed_head *h, const char *body, size_t len,
 	}
 }
 
-/* The engine's settings from the policy; the key and its scope. */
+/* The key, its scope, and the settings the engine works under. */
 static void fill_request(const struct keyed_head *h, const struct keyed_key *k,
 			 struct idem_request *req)
 {
@@ -212,22 +212,13 @@ static void fill_request(const struct keyed_head *h, const struct keyed_key *k,
 	scope_of(h, req->claim.key.scope);
 	req->claim.lease_ms = p->lease_ms;
 	req->claim.ttl_ms = p->ttl_ms;
-	req->in_flight = (enum in_flight_mode)p->in_flight;
-	req->wait_timeout_ms = p->wait_timeout_ms;
-	req->upstream_timeout_ms = h->cfg->upstream_timeout_ms;
-	req->max_cached_response = p->max_cached_response;
-	req->store_down = (enum store_down_mode)p->store_down;
-	req->on_upstream_error = (enum upstream_error_mode)p->on_upstream_error;
+	req->cfg = h->cfg;		/* idem_start takes a reference */
+	req->policy = p;
 	req->head_method = h->method == HTTP_HEAD;
-	req->keep_set_cookie = p->scope_header != NULL;
-	req->check_issued = p->require_issued_key;
 	/* the key as issued: without the route's prefix */
 	snprintf(req->issued_key, sizeof(req->issued_key), "%s",
 		 k->key + strlen(p->key_prefix));
 	req->issued_at = issue_time(req->issued_key);
-	req->issued_ttl_ms = p->issued_key_ttl_ms;
-	snprintf(req->issued_scope, sizeof(req->issued_scope), "%s", ISSUE_SCOPE);
-	req->issued_lease_ms = issue_marker_ttl(h->cfg);
 }
 
 /* The fingerprint of method, raw target and body (DESIGN §1.5). */

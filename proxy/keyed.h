@@ -32,7 +32,7 @@ struct policy;
 /* What the head of a protected request says. */
 struct keyed_head {
 	const struct policy *policy;	/* the route's, or the global one */
-	const struct config *cfg;
+	struct config *cfg;		/* the engine takes a reference */
 	int method;			/* llhttp method number */
 	const char *target;		/* raw request-target */
 	const struct hdrlist *fields;
