@@ -2,7 +2,7 @@
  * upstream.h - connections to the upstream: a keep-alive pool per worker and
  * one request/response exchange at a time on each connection.
  *
- * The owner (a client connection, later also the idempotency engine) writes
+ * The owner (a client connection, or the idempotency engine) writes
  * the request into upstream_output() and gets the parsed response through
  * struct upstream_cbs. The body is handed over as bytes at the front of an
  * evbuffer so that it can be moved on with evbuffer_remove_buffer, never

@@ -1,7 +1,7 @@
 /*
  * worker.h - one event loop on one thread: its listener, its client
  * connections and its upstream pool. Workers share nothing but the config
- * (by reference), the metrics and, later, the idempotency store.
+ * (by reference), the metrics and the idempotency store.
  */
 #ifndef IDEMPROXY_WORKER_H
 #define IDEMPROXY_WORKER_H
