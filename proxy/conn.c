@@ -311,6 +311,8 @@ void conn_free(struct conn *c)
 	h1_head_free(&c->head);
 	if (c->body != NULL)
 		evbuffer_free(c->body);
+	free(c->fwd);
+	free(c->match);
 	free(c);
 	metrics_gauge_add(GAUGE_connections, -1);
 }
@@ -323,12 +325,17 @@ static void reset_request(struct conn *c)
 		c->cfg = NULL;
 	}
 	h1_head_reset(&c->head, c->w->cfg->max_header_size);
+	free(c->fwd);
+	free(c->match);
+	c->fwd = c->match = NULL;
 	c->flags = 0;
 	c->mode = CONN_MODE_NONE;
 	c->req_body = BODY_NONE;
 	c->req_length = c->req_remaining = 0;
 	c->outcome = OUTCOME_PASSTHROUGH;
 	c->policy = NULL;
+	c->route = NULL;
+	c->key.key[0] = '\0';
 	c->key.pending = false;
 	if (c->body != NULL) {
 		evbuffer_free(c->body);
@@ -399,19 +406,44 @@ static int on_url(llhttp_t *p, const char *at, size_t len)
 	return h1_head_target(&((struct conn *)p->data)->head, at, len);
 }
 
+/*
+ * Fields after the head are a chunked body's trailers: they never become
+ * header fields (a second Host, another key); only their size counts,
+ * against the head's cap.
+ */
+static bool is_trailer(struct conn *c, size_t len)
+{
+	if (c->state == CONN_ST_READ_HEAD)
+		return false;
+	c->head.bytes += len;
+	return true;
+}
+
 static int on_header_field(llhttp_t *p, const char *at, size_t len)
 {
-	return h1_head_name(&((struct conn *)p->data)->head, at, len);
+	struct conn *c = p->data;
+
+	if (is_trailer(c, len))
+		return c->head.bytes > c->head.max ? -1 : 0;
+	return h1_head_name(&c->head, at, len);
 }
 
 static int on_header_value(llhttp_t *p, const char *at, size_t len)
 {
-	return h1_head_value(&((struct conn *)p->data)->head, at, len);
+	struct conn *c = p->data;
+
+	if (is_trailer(c, len))
+		return c->head.bytes > c->head.max ? -1 : 0;
+	return h1_head_value(&c->head, at, len);
 }
 
 static int on_header_value_complete(llhttp_t *p)
 {
-	return h1_head_end_field(&((struct conn *)p->data)->head);
+	struct conn *c = p->data;
+
+	if (is_trailer(c, 0))
+		return 0;
+	return h1_head_end_field(&c->head);
 }
 
 static int on_headers_complete(llhttp_t *p)
@@ -519,7 +551,7 @@ static int start_exchange(struct conn *c, bool fresh)
 {
 	struct reqhead rh = {
 		.method = c->method,
-		.target = reqhead_origin_target(c->head.target, c->method),
+		.target = c->fwd,
 		.fields = &c->head.fields, .peer = c->peer, .cfg = c->cfg,
 		.body = c->req_body, .length = c->req_length,
 	};
@@ -627,8 +659,26 @@ static const char *head_unacceptable(struct conn *c, enum problem *p)
 		*p = PROBLEM_NOT_IMPLEMENTED;
 		return "CONNECT is not supported";
 	}
+	if (hdrlist_find(f, "transfer-encoding", 0) >= 0) {
+		/* RFC 9112 §6.3: chunked must be the final coding, and the
+		 * proxy forwards no other (it re-chunks what it de-chunked) */
+		if (!h1_only_chunked(f))
+			return "unsupported Transfer-Encoding (only chunked)";
+		if (hdrlist_find(f, "content-length", 0) >= 0)
+			return "both Content-Length and Transfer-Encoding";
+	}
 	if (reqhead_origin_target(c->head.target, c->method) == NULL)
 		return "unsupported request-target form";
+	c->fwd = malloc(c->head.target_len + 1);
+	c->match = malloc(c->head.target_len + 1);
+	if (c->fwd == NULL || c->match == NULL)
+		return "out of memory";
+	if (reqhead_normalise(c->head.target, c->method, c->fwd, c->match) < 0) {
+		/* decided in conn_keyed_decide: refused where routes or
+		 * protection apply, else forwarded as it came */
+		free(c->match);
+		c->match = NULL;
+	}
 	return NULL;
 }
 
@@ -656,6 +706,8 @@ static void head_complete(struct conn *c)
 	}
 	if (p->flags & F_CHUNKED) {
 		c->req_body = BODY_CHUNKED;
+		if (c->http_minor == 0)
+			cf_set(c, CF(CLOSE_AFTER));	/* RFC 9112 §6.1 */
 	} else if (p->flags & F_CONTENT_LENGTH) {
 		c->req_body = BODY_LENGTH;
 		c->req_length = c->req_remaining = p->content_length;
@@ -881,6 +933,13 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		}
 		conn_close(c, (what & BEV_EVENT_READING) ? "idle timeout" :
 							  "write timeout");
+		return;
+	}
+	if ((what & BEV_EVENT_EOF) && c->state == CONN_ST_IDLE &&
+	    evbuffer_get_length(bufferevent_get_output(bev)) > 0) {
+		/* half-closed after its last request: finish writing what is
+		 * queued (a large replay), then close */
+		start_closing(c);
 		return;
 	}
 	if ((what & BEV_EVENT_EOF) && c->state == CONN_ST_SETTLE) {

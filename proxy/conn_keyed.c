@@ -16,6 +16,7 @@
 #include "conn_priv.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include <event2/buffer.h>
@@ -26,6 +27,7 @@
 #include "idem.h"
 #include "issue.h"
 #include "log.h"
+#include "reqhead.h"
 #include "route.h"
 #include "store.h"
 #include "upstream.h"
@@ -183,7 +185,8 @@ static struct keyed_head keyed_head(const struct conn *c)
 {
 	struct keyed_head h = {
 		.policy = c->policy, .cfg = c->cfg, .method = c->method,
-		.target = c->head.target, .fields = &c->head.fields,
+		.target = c->head.target, .fwd_target = c->fwd,
+		.route = c->route, .fields = &c->head.fields,
 		.body = c->req_body, .length = c->req_length, .peer = c->peer,
 	};
 
@@ -248,6 +251,26 @@ static void continue_if_expected(struct conn *c)
 			     "HTTP/1.1 100 Continue\r\n\r\n", 25);
 }
 
+/* Not protected: forwarded with its target as the client sent it (in
+ * origin form), not normalised (DESIGN §1.1: proxied as is). */
+static void pass_as_is(struct conn *c)
+{
+	strcpy(c->fwd, reqhead_origin_target(c->head.target, c->method));
+	conn_forward(c);
+}
+
+/* May a route or --methods protect requests of this method? */
+static bool considered(const struct config *cfg, int method)
+{
+	if (config_method_protected(cfg, method))
+		return true;
+	for (int i = 0; i < cfg->nroutes; i++)
+		if (method >= 0 && method < 64 &&
+		    (cfg->routes[i].methods >> method) & 1)
+			return true;
+	return false;
+}
+
 /*
  * DESIGN.md §1 items 1-4 and §4: find the request's policy, then pass it
  * through, refuse it, or buffer its body for the engine.
@@ -256,18 +279,30 @@ void conn_keyed_decide(struct conn *c)
 {
 	struct keyed_head h;
 	struct keyed_answer a;
-	const char *route;
-
 	/* a request without a body is complete: an answer keeps the connection */
 	if (c->req_body == BODY_NONE)
 		cf_set(c, CF(REQ_DONE));
-	if (c->method == HTTP_GET && issue_is_path(c->head.target)) {
+	if (c->match == NULL) {
+		/* a path that does not normalise (dot segments, an encoded
+		 * separator): never forwarded where a route or protection
+		 * could apply (an upstream may read it as a protected path),
+		 * else passed on as it came (DESIGN §1.1) */
+		if (considered(c->cfg, c->method)) {
+			conn_answer(c, PROBLEM_BAD_REQUEST, "the path has dot "
+				    "segments or an encoded separator",
+				    OUTCOME_PASSTHROUGH, false);
+			return;
+		}
+		pass_as_is(c);
+		return;
+	}
+	if (c->method == HTTP_GET && issue_is_path(c->match)) {
 		issue_key(c);
 		return;
 	}
-	c->policy = route_policy(c->cfg, c->method, c->head.target, &route);
+	c->policy = route_policy(c->cfg, c->method, c->match, &c->route);
 	if (c->policy == NULL) {
-		conn_forward(c);
+		pass_as_is(c);
 		return;
 	}
 	h = keyed_head(c);

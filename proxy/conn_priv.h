@@ -106,6 +106,8 @@ struct conn {
 	enum conn_mode mode;
 	struct config *cfg;		/* a ref held for the request */
 	struct h1_head head;
+	char *fwd;			/* the normalised target (reqhead_normalise) */
+	char *match;			/* ... and the path routes match */
 	int method;			/* -1: no request to count */
 	unsigned short http_major, http_minor;
 	enum body_kind req_body;
@@ -115,6 +117,7 @@ struct conn {
 
 	/* keyed requests (DESIGN.md §1 items 2-10, §4) */
 	const struct policy *policy;	/* the route's, or the global one */
+	const char *route;		/* the route's name (in cfg); NULL: global */
 	struct keyed_key key;
 	struct evbuffer *body;		/* the buffered body while BODY */
 	struct idem *idem;

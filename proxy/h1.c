@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <event2/buffer.h>
 
@@ -101,6 +102,36 @@ bool h1_keep_alive(const struct hdrlist *h, int major, int minor)
 			keep = true;
 	}
 	return keep;
+}
+
+bool h1_only_chunked(const struct hdrlist *h)
+{
+	int n = 0;
+
+	for (int i = hdrlist_find(h, "transfer-encoding", 0); i >= 0;
+	     i = hdrlist_find(h, "transfer-encoding", (uint32_t)i + 1)) {
+		const char *v = hdr_value(h, (uint32_t)i), *end;
+		size_t len = h->v[i].value_len;
+
+		for (const char *e = v; e < v + len; e = end + 1) {
+			const char *a = e, *b;
+
+			end = memchr(e, ',', (size_t)(v + len - e));
+			if (end == NULL)
+				end = v + len;
+			while (a < end && (*a == ' ' || *a == '\t'))
+				a++;
+			b = end;
+			while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
+				b--;
+			if (a == b)
+				continue;	/* empty list element */
+			if (b - a != 7 || strncasecmp(a, "chunked", 7) != 0)
+				return false;
+			n++;
+		}
+	}
+	return n == 1;
 }
 
 void h1_write_fields(struct evbuffer *out, const struct hdrlist *h,

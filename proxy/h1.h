@@ -47,6 +47,10 @@ int h1_head_end_field(struct h1_head *h) MUSTCHECK;
  */
 bool h1_keep_alive(const struct hdrlist *h, int major, int minor);
 
+/* Do the Transfer-Encoding fields of h say exactly "chunked" (one coding,
+ * once, case-insensitive)? */
+bool h1_only_chunked(const struct hdrlist *h);
+
 /* Write every field of h that keep() accepts as "Name: value\r\n". */
 typedef bool (*h1_field_filter)(const struct hdrlist *h, uint32_t i, void *arg);
 void h1_write_fields(struct evbuffer *out, const struct hdrlist *h,

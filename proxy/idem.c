@@ -71,7 +71,6 @@ enum idem_state {
 	X(WAITED       , "waited") \
 	X(WAIT_EXPIRED , "wait_expired") \
 	X(OWNS         , "owns") \
-	X(RETRIED      , "retried") \
 	X(RESP_HEAD    , "resp_head") \
 	X(CAP_OVERFLOW , "cap_overflow") \
 	X(FAILED       , "failed")
@@ -304,11 +303,18 @@ static void finish_problem(struct idem *ix, enum problem p, const char *detail,
 /* ---- the upstream exchange ------------------------------------------ */
 
 /* The end-to-end fields a stored response keeps: Set-Cookie only when
- * keys are scoped to a caller (never replay a session to a stranger). */
+ * keys are scoped to a caller (never replay a session to a stranger);
+ * Content-Length only where it describes no body of its own. */
 static bool stored_field(const struct hdrlist *h, uint32_t i, void *arg)
 {
 	const struct idem *ix = arg;
+	bool is_cl = h->v[i].name_len == 14 &&
+		     strcasecmp(hdr_name(h, i), "content-length") == 0;
 
+	/* a HEAD or 304 response says the length of a body it does not
+	 * carry: the replay says it too */
+	if (is_cl && (ix->req.head_method || ix->status == 304))
+		return true;
 	if (httphdr_drop_on_forward(h, i))
 		return false;
 	return (ix->req.policy->scope_header != NULL) || h->v[i].name_len != 10 ||
@@ -378,27 +384,17 @@ static void up_done(void *arg)
 	settle(ix);
 }
 
-static bool send_request(struct idem *ix, bool fresh);
-
+/*
+ * The exchange failed. A keyed request that may have reached the upstream
+ * is never sent again by the proxy (DESIGN §7): the upstream may have
+ * read it before the connection broke. (A pooled connection the upstream
+ * had closed while idle is seen closed before use: upstream_acquire.)
+ */
 static void up_error(void *arg, enum upstream_error err, bool retryable)
 {
 	struct idem *ix = arg;
 
 	ix->up = NULL;
-	/*
-	 * A pooled connection the upstream had closed while idle failed
-	 * before any response byte. Sending again on a fresh connection is
-	 * what the client would do after our 502 and the release - unless
-	 * the route wants strict at-most-once (keep), where an ambiguous
-	 * failure is never executed twice.
-	 */
-	if (retryable && !if_has(ix, IF(RETRIED)) && ix->req.request != NULL &&
-	    ix->req.policy->on_upstream_error == UPSTREAM_ERROR_RELEASE &&
-	    !if_has(ix, IF(RESP_HEAD))) {
-		if_set(ix, IF(RETRIED));
-		if (send_request(ix, true))
-			return;
-	}
 	if_set(ix, IF(FAILED));
 	ix->error = err;
 	evtimer_del(ix->timer);
@@ -454,13 +450,15 @@ static void on_extended(void *arg, const struct store_result *res)
 	}
 }
 
+static bool send_request(struct idem *ix);
+
 /* Forward the buffered request: as the key's owner, or unprotected. */
 static void forward(struct idem *ix, enum outcome o)
 {
 	ix->state = IDEM_ST_FORWARD;
 	if (ix->client != NULL)
 		ix->sink->forwarding(ix->client, o);
-	if (!send_request(ix, false)) {
+	if (!send_request(ix)) {
 		up_error(ix, UPSTREAM_ERROR_CONNECT, false);
 		return;
 	}
@@ -468,27 +466,16 @@ static void forward(struct idem *ix, enum outcome o)
 		arm_timer(ix, ix->req.claim.lease_ms / 2);
 }
 
-/*
- * Send the buffered request on a pooled (or, fresh, a new) connection.
- * The bytes are kept (copied out) for one retry while a retry is allowed.
- */
-static bool send_request(struct idem *ix, bool fresh)
+/* Send the buffered request, once, on a pooled or new connection. */
+static bool send_request(struct idem *ix)
 {
-	struct evbuffer *req = ix->req.request;
-	size_t len = evbuffer_get_length(req);
-	bool keep = !if_has(ix, IF(RETRIED)) &&
-		    ix->req.policy->on_upstream_error == UPSTREAM_ERROR_RELEASE;
-
 	ix->up = upstream_acquire(ix->env->pool, &up_cbs, ix,
 				  ix->req.cfg->upstream_timeout_ms,
-				  ix->req.head_method, fresh);
+				  ix->req.head_method, false);
 	if (ix->up == NULL)
 		return false;
 	ix->up_start_ms = clock_ms();
-	if (keep)
-		evbuffer_add(upstream_output(ix->up), evbuffer_pullup(req, -1), len);
-	else
-		evbuffer_add_buffer(upstream_output(ix->up), req);
+	evbuffer_add_buffer(upstream_output(ix->up), ix->req.request);
 	upstream_request_sent(ix->up);
 	return true;
 }
@@ -497,12 +484,17 @@ static bool send_request(struct idem *ix, bool fresh)
 
 /* The problem document a kept 502/504 is stored as: the same body as the
  * live answer (problem_upstream). */
-static struct stored_response *problem_response(enum upstream_error err)
+static struct stored_response *problem_response(enum upstream_error err,
+						bool cut)
 {
 	static const char head[] = "Content-Type: application/problem+json\r\n";
 	const char *detail;
 	enum problem p = problem_upstream(err, &detail);
 	char body[512];
+
+	if (cut)
+		detail = "the upstream's response was cut short after its status; "
+			 "the request was executed and its response is lost";
 	size_t len = problem_render(p, detail, body, sizeof(body));
 
 	return stored_response_new(problem_status(p), head, sizeof(head) - 1,
@@ -587,8 +579,12 @@ static void settle(struct idem *ix)
 		return;
 	}
 	if (if_has(ix, IF(FAILED))) {
-		if (ix->req.policy->on_upstream_error == UPSTREAM_ERROR_KEEP)
-			ix->outcome = problem_response(ix->error);
+		/* a final status means the upstream acted: a response cut
+		 * short after it is never a release (DESIGN §7) */
+		if (if_has(ix, IF(RESP_HEAD)))
+			ix->outcome = problem_response(ix->error, true);
+		else if (ix->req.policy->on_upstream_error == UPSTREAM_ERROR_KEEP)
+			ix->outcome = problem_response(ix->error, false);
 	} else if (!idem_status_releases(ix->status, ix->req.policy->on_upstream_error)) {
 		size_t blen = evbuffer_get_length(ix->cap_body);
 		size_t hlen = evbuffer_get_length(ix->cap_head);

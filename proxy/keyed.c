@@ -4,13 +4,14 @@
 #include "keyed.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
 
 #include <event2/buffer.h>
 #include <llhttp.h>
-#include <openssl/sha.h>
+#include <openssl/evp.h>
 
 #include "config.h"
 #include "fingerprint.h"
@@ -132,25 +133,42 @@ static bool content_type_is(const struct hdrlist *f, const char *type)
 	       strncasecmp(end - 5, "+json", 5) == 0;
 }
 
-/* Keys are namespaced by the SHA-256 of the scope header's value. */
+/*
+ * The namespace of the request's key (DESIGN §7): every route has its own,
+ * so that keys of different routes - and of the global policy, whose
+ * scope is "" - never meet; a route with scope = header:NAME has one per
+ * value of that header. The hex SHA-256 of "route\n<name>\n" and, scoped,
+ * "<value>\n"; the key itself keeps its documented form.
+ */
 static void scope_of(const struct keyed_head *h, char scope[STORE_SCOPE_LEN + 1])
 {
 	const struct policy *p = h->policy;
-	unsigned char md[32];
-	const char *v = "";
-	size_t len = 0;
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned int len = 0;
+	EVP_MD_CTX *ctx;
 	int i;
 
 	scope[0] = '\0';
-	if (p->scope_header == NULL)
+	if (h->route == NULL && p->scope_header == NULL)
 		return;
-	i = hdrlist_find(h->fields, p->scope_header, 0);
-	if (i >= 0) {
-		v = hdr_value(h->fields, (uint32_t)i);
-		len = h->fields->v[i].value_len;
+	ctx = EVP_MD_CTX_new();
+	if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1)
+		abort();	/* no SHA-256: nothing can be namespaced */
+	if (h->route != NULL) {
+		EVP_DigestUpdate(ctx, "route\n", 6);
+		EVP_DigestUpdate(ctx, h->route, strlen(h->route));
+		EVP_DigestUpdate(ctx, "\n", 1);
 	}
-	SHA256((const unsigned char *)v, len, md);
-	for (int j = 0; j < 32; j++)
+	if (p->scope_header != NULL) {
+		i = hdrlist_find(h->fields, p->scope_header, 0);
+		if (i >= 0)
+			EVP_DigestUpdate(ctx, hdr_value(h->fields, (uint32_t)i),
+					 h->fields->v[i].value_len);
+		EVP_DigestUpdate(ctx, "\n", 1);
+	}
+	EVP_DigestFinal_ex(ctx, md, &len);
+	EVP_MD_CTX_free(ctx);
+	for (unsigned j = 0; j < len && j < STORE_SCOPE_LEN / 2; j++)
 		snprintf(scope + 2 * j, 3, "%02x", md[j]);
 }
 
@@ -245,7 +263,7 @@ enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k
 	const char *flat;
 	struct reqhead rh = {
 		.method = h->method,
-		.target = reqhead_origin_target(h->target, h->method),
+		.target = h->fwd_target,
 		.fields = h->fields, .peer = h->peer, .cfg = h->cfg,
 		.body = h->body == BODY_NONE ? BODY_NONE : BODY_LENGTH,
 		.length = len, .drop_expect = true,

@@ -34,7 +34,9 @@ struct keyed_head {
 	const struct policy *policy;	/* the route's, or the global one */
 	struct config *cfg;		/* the engine takes a reference */
 	int method;			/* llhttp method number */
-	const char *target;		/* raw request-target */
+	const char *target;		/* raw request-target (fingerprinted) */
+	const char *fwd_target;		/* normalised (reqhead_normalise) */
+	const char *route;		/* the route's name; NULL: global */
 	const struct hdrlist *fields;
 	enum body_kind body;		/* NONE, LENGTH or CHUNKED */
 	uint64_t length;		/* BODY_LENGTH: declared length */

@@ -3,6 +3,7 @@
  */
 #include "reqhead.h"
 
+#include <stdbool.h>
 #include <string.h>
 #include <strings.h>
 
@@ -31,17 +32,25 @@ static void write_forwarded_for(struct evbuffer *out, const struct reqhead *r)
 	evbuffer_add_printf(out, "%s%s\r\n", first ? "" : ", ", r->peer);
 }
 
-/* The client's fields that go upstream as they are. */
+/*
+ * The client's fields that go upstream as they are. Host and the
+ * X-Forwarded-* fields the proxy sets are its own: a client naming them in
+ * Connection does not remove them (DESIGN §7).
+ */
 static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 {
 	const struct reqhead *r = arg;
 	uint32_t n = h->v[i].name_len;
 	const char *name = hdr_name(h, i);
 
-	if (httphdr_drop_on_forward(h, i))
-		return false;
 	if (n == 15 && strcasecmp(name, "x-forwarded-for") == 0)
 		return false;	/* rewritten below */
+	if ((n == 4 && strcasecmp(name, "host") == 0) ||
+	    (n == 17 && strcasecmp(name, "x-forwarded-proto") == 0) ||
+	    (n == 16 && strcasecmp(name, "x-forwarded-host") == 0))
+		return true;
+	if (httphdr_drop_on_forward(h, i))
+		return false;
 	return !(r->drop_expect && n == 6 && strcasecmp(name, "expect") == 0);
 }
 
@@ -87,4 +96,103 @@ const char *reqhead_origin_target(const char *t, int method)
 		return path != NULL ? path : "/";
 	}
 	return NULL;
+}
+
+static int hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	c |= 0x20;
+	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+static bool unreserved(int c)
+{
+	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+	       (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' ||
+	       c == '~';
+}
+
+/* Is the segment [a, b) "." or ".."? */
+static bool dot_segment(const char *a, const char *b)
+{
+	return (b - a == 1 && a[0] == '.') ||
+	       (b - a == 2 && a[0] == '.' && a[1] == '.');
+}
+
+/* The path of t (up to '?') into out, normalised; -1 when refused. */
+static int normalise_path(const char *t, char *out, size_t *outlen)
+{
+	size_t n = 0, seg = 0;
+
+	for (const char *p = t; *p != '\0' && *p != '?'; p++) {
+		int c = (unsigned char)*p;
+
+		if (c == '%') {
+			int h = hexval((unsigned char)p[1]), l = h < 0 ? -1 :
+				hexval((unsigned char)p[2]);
+
+			if (h < 0 || l < 0)
+				return -1;
+			c = h * 16 + l;
+			if (c == '/' || c == '\\' || c == 0)
+				return -1;
+			if (unreserved(c)) {
+				out[n++] = (char)c;
+			} else {
+				memcpy(out + n, p, 3);
+				n += 3;
+			}
+			p += 2;
+			continue;
+		}
+		if (c == '\\')
+			return -1;
+		if (c == '/') {
+			if (dot_segment(out + seg, out + n))
+				return -1;
+			if (n > 0 && out[n - 1] == '/')
+				continue;	/* "//" is "/" */
+			out[n++] = '/';
+			seg = n;
+			continue;
+		}
+		out[n++] = (char)c;
+	}
+	if (dot_segment(out + seg, out + n))
+		return -1;
+	*outlen = n;
+	return 0;
+}
+
+int reqhead_normalise(const char *target, int method, char *fwd, char *match)
+{
+	const char *t = reqhead_origin_target(target, method);
+	const char *q;
+	size_t n, m = 0;
+
+	if (t == NULL)
+		return -1;
+	if (t[0] != '/') {		/* OPTIONS * */
+		strcpy(fwd, t);
+		strcpy(match, t);
+		return 0;
+	}
+	if (normalise_path(t, fwd, &n) < 0)
+		return -1;
+	/* the path routes see: no ";params", no trailing '/' */
+	for (size_t i = 0; i < n; i++) {
+		if (fwd[i] == ';') {
+			while (i + 1 < n && fwd[i + 1] != '/')
+				i++;
+			continue;
+		}
+		match[m++] = fwd[i];
+	}
+	if (m > 1 && match[m - 1] == '/')
+		m--;
+	match[m] = '\0';
+	q = strchr(t, '?');
+	strcpy(fwd + n, q != NULL ? q : "");
+	return 0;
 }

@@ -32,4 +32,18 @@ void reqhead_write(struct evbuffer *out, const struct reqhead *r);
  * An absolute-form target ("http://host/path") is cut to its path. */
 const char *reqhead_origin_target(const char *target, int method);
 
+/*
+ * The target a request is routed and forwarded by (DESIGN §7: routes match
+ * the path that is forwarded, after the same normalisation). From the raw
+ * target: the origin form (an absolute form gives its path), percent-
+ * encoded unreserved characters decoded, runs of '/' made one. Refused (-1):
+ * a form that cannot be forwarded, dot segments ("." or "..", encoded or
+ * not), an encoded '/', '\' or NUL, a raw '\'. fwd gets the normalised
+ * target (the query as sent); match gets the path routes are matched
+ * against: also without ";params" in its segments and without a trailing
+ * '/', so that no spelling an upstream may treat as a protected path
+ * escapes its route. Both buffers hold strlen(target) + 1 bytes.
+ */
+int reqhead_normalise(const char *target, int method, char *fwd, char *match);
+
 #endif

@@ -637,12 +637,31 @@ fail:
 	return NULL;
 }
 
+/*
+ * Is an idle pooled connection still open? A peek sees the upstream's FIN
+ * (or reset) that arrived while it sat in the pool, so that a request is
+ * not sent on a connection already closed - the one case in which the
+ * proxy could not tell whether the request was read.
+ */
+static bool idle_alive(struct upstream *u)
+{
+	char b;
+	ssize_t n = recv(bufferevent_getfd(u->bev), &b, 1,
+			 MSG_PEEK | MSG_DONTWAIT);
+
+	return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 struct upstream *upstream_acquire(struct upstream_pool *p,
 				  const struct upstream_cbs *cbs, void *arg,
 				  uint64_t timeout_ms, bool head, bool fresh)
 {
 	struct upstream *u = fresh ? NULL : TAILQ_FIRST(&p->idle);
 
+	while (u != NULL && !idle_alive(u)) {
+		up_close(u);	/* closed (or talking) while idle */
+		u = TAILQ_FIRST(&p->idle);
+	}
 	if (u != NULL) {
 		TAILQ_REMOVE(&p->idle, u, idle_link);
 		p->nidle--;
@@ -659,9 +678,7 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 			 * most errors; a hard failure here is fd exhaustion. */
 			log_warn("upstream: cannot connect: %s", strerror(errno));
 			bufferevent_free(u->bev);
-			evbuffer_free(u->chunk);
-			event_free(u->flush);
-			free(u);
+			up_free(u);
 			return NULL;
 		}
 		u->reused = false;

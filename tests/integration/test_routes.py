@@ -196,8 +196,8 @@ def test_form_source_with_prefix(stub, routed):
 
 
 def test_key_prefix_separates_routes(stub, routed):
-    """key_prefix namespaces keys: the same field value on two routes with
-    different prefixes are two keys; without prefixes, one key (422)."""
+    """Keys of different routes never meet (DESIGN §7): the same field
+    value on two routes is two keys, with or without key_prefix."""
     p = routed("""
 [route a]
 match = POST /a
@@ -223,8 +223,11 @@ key = form:id
     rc = send(p.port, "POST", "/c", b"id=42", FORM)
     assert rc.status == 200
     rd = send(p.port, "POST", "/d", b"id=42", FORM)
-    assert_problem(rd, 422, "idempotency-key-mismatch")
-    assert executions(stub) == base + 3
+    assert rd.status == 200 and not replayed(rd)
+    assert executions(stub) == base + 4
+    # and each still replays its own
+    assert replayed(send(p.port, "POST", "/d", b"id=42", FORM))
+    assert executions(stub) == base + 4
 
 
 def test_json_source_string_and_integer(stub, routed):

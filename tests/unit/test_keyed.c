@@ -21,6 +21,7 @@
 #include "issue.h"
 #include "keyed.h"
 #include "reply.h"
+#include "reqhead.h"
 #include "route.h"
 #include "tap.h"
 
@@ -86,6 +87,7 @@ struct req {
 	struct keyed_answer a;
 	struct idem_request ir;
 	struct evbuffer *body;
+	char fwd[512], match[512];
 };
 
 static void req_init(struct req *r, struct config *cfg, const char *target,
@@ -101,10 +103,14 @@ static void req_init(struct req *r, struct config *cfg, const char *target,
 	r->body = evbuffer_new();
 	if (body != NULL)
 		evbuffer_add(r->body, body, strlen(body));
-	r->h.policy = route_policy(cfg, HTTP_POST, target, &route);
+	if (reqhead_normalise(target, HTTP_POST, r->fwd, r->match) < 0)
+		exit(99);
+	r->h.policy = route_policy(cfg, HTTP_POST, r->match, &route);
+	r->h.route = route;
 	r->h.cfg = cfg;
 	r->h.method = HTTP_POST;
 	r->h.target = target;
+	r->h.fwd_target = r->fwd;
 	r->h.fields = &r->f;
 	r->h.body = body != NULL ? BODY_LENGTH : BODY_NONE;
 	r->h.length = body != NULL ? strlen(body) : 0;
@@ -254,6 +260,66 @@ static void test_query_scope_none(struct config *cfg)
 	req_free(&r);
 }
 
+/* Keys of different routes (and of the global policy) never meet. */
+static void test_namespaces(struct config *cfg)
+{
+	static const char *const plain[] = { "Idempotency-Key", "pay:n-42", NULL };
+	static const char *const json[] = { "Content-Type", "application/json",
+					     NULL };
+	char global_scope[STORE_SCOPE_LEN + 1];
+	struct req r;
+
+	req_init(&r, cfg, "/orders", plain, "{}");
+	is_int(run(&r), KEYED_ENGINE, "a client's plain key pay:n-42");
+	memcpy(global_scope, r.ir.claim.key.scope, sizeof(global_scope));
+	req_free(&r);
+	req_init(&r, cfg, "/pay/json", json, "{\"data\":{\"id\":\"n-42\"}}");
+	is_int(run(&r), KEYED_ENGINE, "the callback route's pay:n-42");
+	is_str(r.ir.claim.key.key, "pay:n-42", "the key keeps its documented form");
+	ok(strcmp(global_scope, r.ir.claim.key.scope) != 0,
+	   "... in the route's own namespace");
+	is_int(strlen(r.ir.claim.key.scope), 64, "route scope: SHA-256 hex");
+	req_free(&r);
+}
+
+static void test_normalise(void)
+{
+	static const struct { const char *in, *fwd, *match; } ok_cases[] = {
+		{ "/hooks/github", "/hooks/github", "/hooks/github" },
+		{ "http://h/hooks/github?x=1", "/hooks/github?x=1", "/hooks/github" },
+		{ "HTTP://h:80/a", "/a", "/a" },
+		{ "http://h", "/", "/" },
+		{ "//hooks///github", "/hooks/github", "/hooks/github" },
+		{ "/%68ooks/git%68ub", "/hooks/github", "/hooks/github" },
+		{ "/hooks/github/", "/hooks/github/", "/hooks/github" },
+		{ "/hooks;v=1/github;x", "/hooks;v=1/github;x", "/hooks/github" },
+		{ "/a%20b?q=%2e%2e", "/a%20b?q=%2e%2e", "/a%20b" },
+		{ "/..a/b.", "/..a/b.", "/..a/b." },
+		{ "/", "/", "/" },
+	};
+	static const char *const refused[] = {
+		"/hooks/../hooks/github", "/./hooks/github", "/hooks/github/..",
+		"/hooks/%2e%2e/x", "/hooks/%2E/x", "/hooks%2fgithub",
+		"/hooks%5cgithub", "/hooks\\github", "/a%00", "/a%zz",
+		"https://h/hooks/github", "hooks/github", "*",
+	};
+	char fwd[128], match[128];
+
+	for (size_t i = 0; i < sizeof(ok_cases) / sizeof(ok_cases[0]); i++) {
+		int rc = reqhead_normalise(ok_cases[i].in, HTTP_POST, fwd, match);
+
+		is_int(rc, 0, "normalise %s", ok_cases[i].in);
+		if (rc == 0) {
+			is_str(fwd, ok_cases[i].fwd, "... forwarded as");
+			is_str(match, ok_cases[i].match, "... routed by");
+		}
+	}
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++)
+		is_int(reqhead_normalise(refused[i], HTTP_POST, fwd, match), -1,
+		       "refused: %s", refused[i]);
+	is_int(reqhead_normalise("*", HTTP_OPTIONS, fwd, match), 0, "OPTIONS *");
+}
+
 static void test_signature(struct config *cfg)
 {
 	const char *body = "{\"action\":\"paid\"}";
@@ -374,6 +440,8 @@ int main(void)
 	test_body_keys(cfg);
 	test_query_scope_none(cfg);
 	test_signature(cfg);
+	test_namespaces(cfg);
+	test_normalise();
 	test_issue(cfg);
 	test_settlement();
 	test_keep_alive_and_replies();

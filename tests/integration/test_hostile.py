@@ -1,0 +1,302 @@
+"""Hostile input and broken upstreams (issue 11, DESIGN.md §7): a keyed
+request is never sent twice by the proxy, a response cut after its status
+is never a release, routes cannot be bypassed by spelling the path another
+way, no smuggling through transfer codings or trailers, the proxy's own
+fields stay its own, keys of different routes never meet, a half-closed
+client gets its whole replay, a HEAD replay keeps its Content-Length.
+
+Executions are counted by the stub (GET /__stats) or by a tiny broken
+upstream written here.
+"""
+import hashlib
+import hmac
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+
+from support.http import (RawConn, assert_problem, build_request, chunked,
+                          request, upstream_echo)
+
+GH_SECRET = "hostile-secret"
+HOOK_INI = """
+[route hook]
+match = POST /hooks/github
+key = header:X-GitHub-Delivery
+verify = hmac-sha256
+verify_secret_env = HOOK_SECRET
+[route pay]
+match = POST /pay
+key = json:/id
+key_prefix = pay:
+"""
+
+
+def newkey(p="h"):
+    return f"{p}-{uuid.uuid4()}"
+
+
+def kpost(port, target, key, body=b'{"a":1}', headers=None, method="POST"):
+    hs = [("Content-Type", "application/json")]
+    if key is not None:
+        hs.append(("Idempotency-Key", key))
+    return request(port, method, target, headers=hs + (headers or []),
+                   body=body)
+
+
+def executions(stub, key=None):
+    st = stub.stats()
+    return st["requests"] if key is None else st["keys"].get(key, 0)
+
+
+@pytest.fixture
+def hooked(tmp_path, make_proxy):
+    path = tmp_path / "hook.ini"
+    path.write_text(HOOK_INI)
+    return make_proxy("--config", str(path), env={"HOOK_SECRET": GH_SECRET})
+
+
+# ---- 1. never sent twice ------------------------------------------------
+
+def test_keyed_request_never_resent_after_upstream_drop(proxy, stub):
+    """The upstream reads the request on a pooled connection and closes
+    without answering: 502, and the request reached the upstream once."""
+    assert kpost(proxy.port, "/warm", newkey()).status == 200  # a pooled conn
+    key = newkey("drop")
+    r = kpost(proxy.port, "/orders?drop=1", key)
+    assert_problem(r, 502, "upstream-unavailable")
+    time.sleep(0.3)
+    assert executions(stub, key) == 1
+
+
+class CutUpstream:
+    """Answers every request with a 200 head promising 100 bytes, sends 10
+    and closes; counts what it received."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.hits = 0
+        self.stop = False
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def run(self):
+        self.sock.settimeout(0.2)
+        while not self.stop:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                continue
+            with c:
+                c.settimeout(2)
+                data = b""
+                try:
+                    while b"\r\n\r\n" not in data:
+                        chunk = c.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    head, _, rest = data.partition(b"\r\n\r\n")
+                    n = 0
+                    for line in head.split(b"\r\n"):
+                        if line.lower().startswith(b"content-length:"):
+                            n = int(line.split(b":")[1])
+                    while len(rest) < n:
+                        chunk = c.recv(65536)
+                        if not chunk:
+                            break
+                        rest += chunk
+                    self.hits += 1
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n"
+                              b"\r\n0123456789")
+                except OSError:
+                    pass
+
+    def close(self):
+        self.stop = True
+        self.t.join(2)
+        self.sock.close()
+
+
+def test_response_cut_after_status_is_never_released(make_proxy):
+    up = CutUpstream()
+    try:
+        p = make_proxy(upstream=up.url)
+        key = newkey("cut")
+        with RawConn(p.port, timeout=10) as c:
+            c.send(build_request("POST", "/o", [("Idempotency-Key", key)],
+                                 b"x"))
+            try:        # a cut response, or the connection cut at once
+                r = c.read_response(allow_truncated=True)
+                assert r.status == 200 and len(r.body) < 100
+            except EOFError:
+                pass
+        time.sleep(0.5)
+        again = request(p.port, "POST", "/o",
+                        headers=[("Idempotency-Key", key)], body=b"x")
+        assert up.hits == 1, "executed again after a cut response"
+        assert again.header("Idempotent-Replayed") == "true"
+        assert_problem(again, 502, "upstream-unavailable")
+        assert "cut short" in again.json()["detail"]
+    finally:
+        up.close()
+
+
+# ---- 3. routes match the path that is forwarded ---------------------------
+
+def forged(port, target):
+    body = b'{"action":"paid"}'
+    return request(port, "POST", target, headers=[
+        ("X-GitHub-Delivery", newkey("d")),
+        ("X-Hub-Signature-256", "sha256=" + "0" * 64),
+        ("Content-Type", "application/json")], body=body)
+
+
+@pytest.mark.parametrize("target", [
+    "http://example.test/hooks/github",
+    "//hooks/github", "/hooks//github", "/hooks/github/",
+    "/hooks;v=1/github", "/hooks/github;x", "/%68ooks/github",
+    "/hooks/git%68ub?x=1"])
+def test_route_cannot_be_bypassed(hooked, stub, target):
+    before = executions(stub)
+    r = forged(hooked.port, target)
+    assert_problem(r, 401, "signature-invalid")
+    assert executions(stub) == before
+
+
+@pytest.mark.parametrize("target", [
+    "/hooks/./github", "/x/../hooks/github", "/hooks/%2e%2e/hooks/github",
+    "/hooks%2fgithub", "/hooks%5Cgithub"])
+def test_ambiguous_paths_refused_where_routes_apply(hooked, stub, target):
+    before = executions(stub)
+    r = forged(hooked.port, target)
+    assert_problem(r, 400, "bad-request")
+    assert executions(stub) == before
+
+
+def test_good_signature_through_absolute_form(hooked, stub):
+    body = b'{"action":"paid"}'
+    sig = hmac.new(GH_SECRET.encode(), body, hashlib.sha256).hexdigest()
+    r = request(hooked.port, "POST", "http://example.test/hooks/github",
+                headers=[("X-GitHub-Delivery", newkey("d")),
+                         ("X-Hub-Signature-256", "sha256=" + sig),
+                         ("Content-Type", "application/json")], body=body)
+    assert r.status == 200
+    assert upstream_echo(r)["target"] == "/hooks/github"
+
+
+# ---- 4. transfer codings ---------------------------------------------------
+
+@pytest.mark.parametrize("te", ["gzip", "x", "gzip, chunked", "chunked, gzip",
+                                "chunked, chunked"])
+def test_transfer_coding_other_than_chunked_refused(proxy, stub, te):
+    before = executions(stub)
+    smuggled = b"POST /smuggled HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    with RawConn(proxy.port) as c:
+        c.send(b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+               + te.encode() + b"\r\n\r\n" + smuggled)
+        r = c.read_response()
+        assert_problem(r, 400, "bad-request")
+        assert "close" in r.connection_tokens()
+        c.wait_closed()
+    assert executions(stub) == before
+
+
+def test_http10_chunked_request_closes_after(proxy):
+    with RawConn(proxy.port) as c:
+        c.send(b"POST /a HTTP/1.0\r\nConnection: keep-alive\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        r = c.read_response()
+        assert r.status == 200
+        assert upstream_echo(r)["body"] == "abc"
+        c.wait_closed()
+
+
+# ---- 5. trailers never become fields ----------------------------------------
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_trailers_never_become_headers(proxy, keyed):
+    hs = [("Transfer-Encoding", "chunked")]
+    if keyed:
+        hs.append(("Idempotency-Key", newkey("tr")))
+    raw = build_request("POST", "/t", hs, None)
+    raw += (b"5\r\nhello\r\n0\r\nX-User-Id: admin\r\nHost: evil.example\r\n"
+            b"Idempotency-Key: other\r\n\r\n")
+    with RawConn(proxy.port) as c:
+        c.send(raw)
+        r = c.read_response()
+    assert r.status == 200
+    doc = upstream_echo(r)
+    assert doc["body"] == "hello"
+    assert "x-user-id" not in doc["hdict"]
+    assert doc["hdict"]["host"] != ["evil.example"]
+    assert len(doc["hdict"].get("idempotency-key", [])) == (1 if keyed else 0)
+
+
+# ---- 6. the proxy's own fields ----------------------------------------------
+
+def test_connection_cannot_remove_host_or_forwarded_fields(proxy):
+    r = request(proxy.port, "GET", "/c", headers=[
+        ("Host", "app.example"), ("X-Forwarded-Proto", "https"),
+        ("Connection", "host, x-forwarded-proto, x-forwarded-for, x-drop"),
+        ("X-Drop", "1")])
+    h = upstream_echo(r)["hdict"]
+    assert h["host"] == ["app.example"]
+    assert h["x-forwarded-proto"] == ["https"]
+    assert h["x-forwarded-for"] == ["127.0.0.1"]
+    assert "x-drop" not in h
+
+
+# ---- 7. namespaces -------------------------------------------------------------
+
+def test_plain_key_cannot_preoccupy_a_callback_key(hooked, stub):
+    n = uuid.uuid4().hex
+    squat = kpost(hooked.port, "/orders", f"pay:{n}", body=b'{"x":1}')
+    assert squat.status == 200
+    cb = request(hooked.port, "POST", "/pay", headers=[
+        ("Content-Type", "application/json")],
+        body=b'{"id":"' + n.encode() + b'","paid":true}')
+    assert cb.status == 200 and cb.header("Idempotent-Replayed") is None
+    assert executions(stub, f"pay:{n}") == 1     # the squatter's only
+    again = request(hooked.port, "POST", "/pay", headers=[
+        ("Content-Type", "application/json")],
+        body=b'{"id":"' + n.encode() + b'","paid":true}')
+    assert again.header("Idempotent-Replayed") == "true"
+
+
+# ---- 11. half-close -------------------------------------------------------------
+
+def test_half_closed_client_gets_whole_replay(proxy):
+    key = newkey("big")
+    target = "/big?bytes=3000000"
+    first = kpost(proxy.port, target, key)
+    assert first.status == 200 and len(first.body) == 3000000
+    with RawConn(proxy.port, timeout=20) as c:
+        c.send(build_request("POST", target, [
+            ("Idempotency-Key", key), ("Content-Type", "application/json")],
+            b'{"a":1}'))
+        c.sock.shutdown(socket.SHUT_WR)
+        r = c.read_response()
+    assert r.header("Idempotent-Replayed") == "true"
+    assert r.body == first.body
+
+
+# ---- 13. HEAD replays ---------------------------------------------------------
+
+def test_head_replay_keeps_content_length(make_proxy):
+    p = make_proxy("--methods", "POST,HEAD")
+    key = newkey("head")
+    a = kpost(p.port, "/h?bytes=1234", key, body=None, method="HEAD")
+    b = kpost(p.port, "/h?bytes=1234", key, body=None, method="HEAD")
+    assert a.status == 200 and a.header("Content-Length") == "1234"
+    assert b.header("Idempotent-Replayed") == "true"
+    assert b.header("Content-Length") == "1234"
