@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -444,16 +445,46 @@ static void config_free(struct config *c)
 	free(c);
 }
 
-/* postgres://user:secret@host -> postgres://user:***@host, in place */
-static void mask_password(char *buf, size_t len, const char *s)
+/* Is s at a "password=" that starts a parameter (after start, '?', '&'
+ * or blanks)? */
+static bool at_password(const char *start, const char *s)
 {
-	char *scheme = strstr(buf, "://");
-	char *at = scheme ? strchr(scheme + 3, '@') : NULL;
-	char *colon = scheme ? strchr(scheme + 3, ':') : NULL;
+	return strncasecmp(s, "password=", 9) == 0 &&
+	       (s == start || strchr("?& \t", s[-1]) != NULL);
+}
 
-	if (at != NULL && colon != NULL && colon < at)
-		snprintf(colon, len - (size_t)(colon - buf), ":***%s",
-			 s + (at - buf));
+void config_redact_conninfo(const char *s, char *out, size_t len)
+{
+	const char *scheme = strstr(s, "://");
+	const char *at = scheme ? strchr(scheme + 3, '@') : NULL;
+	const char *colon = scheme ? strchr(scheme + 3, ':') : NULL;
+	size_t n = 0;
+
+	if (len == 0)
+		return;
+	for (const char *p = s; *p != '\0' && n + 1 < len; ) {
+		if (colon != NULL && at != NULL && colon < at && p == colon) {
+			n += (size_t)snprintf(out + n, len - n, ":***");
+			p = at;		/* the URL's user:password@ */
+			continue;
+		}
+		if (at_password(s, p)) {
+			n += (size_t)snprintf(out + n, len - n, "password=***");
+			p += 9;
+			if (*p == '\'') {	/* key='quoted \' value' */
+				for (p++; *p != '\0' && *p != '\''; p++)
+					if (*p == '\\' && p[1] != '\0')
+						p++;
+				if (*p == '\'')
+					p++;
+			} else {
+				p += strcspn(p, scheme ? "&#" : " \t");
+			}
+			continue;
+		}
+		out[n++] = *p++;
+	}
+	out[n < len ? n : len - 1] = '\0';
 }
 
 /* Value of o in c as config_print shows it; mask hides passwords. */
@@ -476,9 +507,10 @@ static void opt_format(const struct config_opt *o, const struct config *c,
 		snprintf(buf, len, "%s", o->defdoc ? o->defdoc : "");
 		return;
 	}
-	snprintf(buf, len, "%s", s);
 	if (mask && o->type == OPT_STORE)
-		mask_password(buf, len, s);
+		config_redact_conninfo(s, buf, len);
+	else
+		snprintf(buf, len, "%s", s);
 }
 
 /*

@@ -129,6 +129,11 @@ const struct setting_syntax *config_option_syntax(const struct config *cfg,
 						  const char *key,
 						  const void **value);
 
+/* A libpq connection string with every password replaced by "***": the
+ * URL's user:password@, ?password= / &password=, and key=value
+ * password=... (quoted or not). For logs and --check-config. */
+void config_redact_conninfo(const char *s, char *out, size_t len);
+
 struct config *config_ref(struct config *cfg);
 void config_unref(struct config *cfg);
 

@@ -254,6 +254,7 @@ static int run(struct daemon *d)
 					  .port = cfg->upstream_hp.port };
 	char port[32];
 	char err[512];
+	char store[1024];
 	int rc = 1;
 
 	if (upstream_resolve(&target, err, sizeof(err)) < 0) {
@@ -312,10 +313,11 @@ static int run(struct daemon *d)
 			goto out;
 		}
 	}
+	config_redact_conninfo(cfg->store, store, sizeof(store));
 	log_info("idemproxy %s listening on %s:%s (%d worker%s), upstream %s, "
 		 "store %s, admin on %s", IDEMPROXY_VERSION, cfg->listen_hp.host,
 		 port, d->nworkers, d->nworkers == 1 ? "" : "s", cfg->upstream,
-		 cfg->store, cfg->admin_listen);
+		 store, cfg->admin_listen);
 	event_base_dispatch(d->base);
 	rc = 0;
 out:

@@ -719,8 +719,39 @@ static void test_print(void)
 	ok(printed(NULL, "--require-key[=yes|no]"), "usage bool");
 }
 
+/* Every password form libpq accepts is masked (issue 11 item 12). */
+static void test_redact(void)
+{
+	static const struct { const char *in, *out; } cases[] = {
+		{ "postgres://app:s3cret@db:5432/idem",
+		  "postgres://app:***@db:5432/idem" },
+		{ "postgresql://app@db/idem?password=s3cret&sslmode=require",
+		  "postgresql://app@db/idem?password=***&sslmode=require" },
+		{ "postgres://db/idem?sslmode=disable&password=s3cret",
+		  "postgres://db/idem?sslmode=disable&password=***" },
+		{ "postgres://u:p%40ss@db/x?password=two",
+		  "postgres://u:***@db/x?password=***" },
+		{ "host=db password=s3cret dbname=idem",
+		  "host=db password=*** dbname=idem" },
+		{ "host=db password='s3 \\'cret' dbname=idem",
+		  "host=db password=*** dbname=idem" },
+		{ "PASSWORD=x host=db", "password=*** host=db" },
+		{ "host=db mypassword=x", "host=db mypassword=x" },
+		{ "memory", "memory" },
+	};
+	char out[256];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		config_redact_conninfo(cases[i].in, out, sizeof(out));
+		is_str(out, cases[i].out, "redact %zu", i);
+		ok(strstr(out, "s3cret") == NULL && strstr(out, "cret'") == NULL,
+		   "... no secret left");
+	}
+}
+
 int main(void)
 {
+	test_redact();
 	if (mkdtemp(tmpdir) == NULL) {
 		perror("mkdtemp");
 		return 99;
