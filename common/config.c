@@ -198,6 +198,10 @@ static const struct config_opt options[] = {
 	  .off = F(memory_max_bytes), .def = "256MiB", .metavar = "SIZE",
 	  .help = "memory store: records and responses together; beyond, new "
 		  "keys get the store-down policy" },
+	{ .name = "max-buffered", .syn = SYNTAX_SIZE(MIB, 64 * 1024 * MIB),
+	  .off = F(max_buffered), .def = "256MiB", .metavar = "SIZE",
+	  .help = "keyed request bodies buffered at once, all connections "
+		  "together; beyond, 503 server-busy" },
 	{ .name = "store-connections", .syn = SYNTAX_INT(1, 64),
 	  .off = F(store_connections), .def = "4", .metavar = "N",
 	  .flags = OPT_RESTART,

@@ -74,6 +74,7 @@ struct config {
 	uint64_t memory_max_bytes;	/* memory store bound */
 	uint64_t issued_key_ttl_ms;	/* GET /.well-known/idempotency-key */
 	int store_connections;		/* PostgreSQL statement conns per worker */
+	uint64_t max_buffered;		/* keyed bodies buffered, process-wide */
 	uint64_t response_cache;	/* bytes; 0: no in-process cache */
 
 	/* per-request policy: the global one, and [route NAME] sections in

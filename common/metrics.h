@@ -24,7 +24,8 @@
 	X(STORE_UNAVAILABLE, "store_unavailable") \
 	X(FAIL_OPEN,         "fail_open") \
 	X(SIGNATURE_INVALID, "signature_invalid") \
-	X(KEY_ISSUED,        "key_issued")
+	X(KEY_ISSUED,        "key_issued") \
+	X(BUSY,              "busy")
 
 enum outcome {
 #define X(name, label) OUTCOME_##name,

@@ -22,7 +22,9 @@
 	X(KEY_MISMATCH,          422, "idempotency-key-mismatch", "Idempotency-Key Reused With A Different Request") \
 	X(HEADERS_TOO_LARGE,     431, "headers-too-large",        "Request Header Fields Too Large") \
 	X(NOT_IMPLEMENTED,       501, "not-implemented",          "Not Implemented") \
+	X(TOO_MANY_REQUESTS,     429, "too-many-requests",        "Too Many Requests") \
 	X(UPSTREAM_UNAVAILABLE,  502, "upstream-unavailable",     "Bad Gateway") \
+	X(SERVER_BUSY,           503, "server-busy",              "Server Busy") \
 	X(STORE_UNAVAILABLE,     503, "store-unavailable",        "Idempotency Store Unavailable") \
 	X(UPSTREAM_TIMEOUT,      504, "upstream-timeout",         "Gateway Timeout")
 

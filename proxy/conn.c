@@ -309,6 +309,7 @@ void conn_free(struct conn *c)
 	event_free(c->kick);
 	event_free(c->flush);
 	h1_head_free(&c->head);
+	conn_keyed_unreserve(c);
 	if (c->body != NULL)
 		evbuffer_free(c->body);
 	free(c->fwd);
@@ -328,6 +329,7 @@ static void reset_request(struct conn *c)
 	free(c->fwd);
 	free(c->match);
 	c->fwd = c->match = NULL;
+	conn_keyed_unreserve(c);
 	c->flags = 0;
 	c->mode = CONN_MODE_NONE;
 	c->req_body = BODY_NONE;
@@ -462,6 +464,10 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
 			cf_set(c, CF(BODY_TOO_LARGE));
 			return -1;
 		}
+		if (!conn_keyed_reserve(c, len)) {
+			cf_set(c, CF(BODY_BUSY));
+			return -1;
+		}
 		return evbuffer_add(c->body, at, len) < 0 ? -1 : 0;
 	}
 	if (c->mode == CONN_MODE_PASS && c->up != NULL)
@@ -490,7 +496,10 @@ static void parse_failed(struct conn *c)
 {
 	char detail[160];
 
-	if (cf_has(c, CF(BODY_TOO_LARGE))) {
+	if (cf_has(c, CF(BODY_BUSY))) {
+		conn_answer(c, PROBLEM_SERVER_BUSY, "too many request bodies are "
+			    "being buffered; retry", OUTCOME_BUSY, true);
+	} else if (cf_has(c, CF(BODY_TOO_LARGE))) {
 		conn_answer(c, PROBLEM_BODY_TOO_LARGE, "the request body is larger "
 		       "than max_body", OUTCOME_TOO_LARGE, true);
 	} else if (c->head.too_large) {

@@ -15,6 +15,7 @@
  */
 #include "conn_priv.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -23,6 +24,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 
+#include "clock.h"
 #include "config.h"
 #include "idem.h"
 #include "issue.h"
@@ -251,6 +253,60 @@ static void continue_if_expected(struct conn *c)
 			     "HTTP/1.1 100 Continue\r\n\r\n", 25);
 }
 
+/* The process-wide budget of buffered keyed bodies (--max-buffered). */
+static _Atomic uint64_t buffered;
+
+bool conn_keyed_reserve(struct conn *c, uint64_t n)
+{
+	uint64_t cur = atomic_load(&buffered);
+
+	do {
+		if (cur + n > c->cfg->max_buffered)
+			return false;
+	} while (!atomic_compare_exchange_weak(&buffered, &cur, cur + n));
+	c->reserved += n;
+	return true;
+}
+
+void conn_keyed_unreserve(struct conn *c)
+{
+	if (c->reserved > 0)
+		atomic_fetch_sub(&buffered, c->reserved);
+	c->reserved = 0;
+}
+
+/*
+ * GET /.well-known/idempotency-key is served only where a route asks for
+ * issued keys (else it is an ordinary request, passed on), and at most
+ * ISSUE_RATE keys per second per worker (burst as much): each writes a
+ * record, so anonymous clients must not be able to fill the store.
+ */
+#define ISSUE_RATE 50
+
+static bool issuing(const struct config *cfg)
+{
+	for (int i = 0; i < cfg->nroutes; i++)
+		if (cfg->routes[i].policy.require_issued_key)
+			return true;
+	return false;
+}
+
+static bool issue_allowed(void)
+{
+	static _Thread_local uint64_t last_ms;
+	static _Thread_local double tokens = ISSUE_RATE;
+	uint64_t now = clock_ms();
+
+	tokens += (double)(now - last_ms) * ISSUE_RATE / 1000.0;
+	if (tokens > ISSUE_RATE)
+		tokens = ISSUE_RATE;
+	last_ms = now;
+	if (tokens < 1.0)
+		return false;
+	tokens -= 1.0;
+	return true;
+}
+
 /* Not protected: forwarded with its target as the client sent it (in
  * origin form), not normalised (DESIGN §1.1: proxied as is). */
 static void pass_as_is(struct conn *c)
@@ -296,7 +352,12 @@ void conn_keyed_decide(struct conn *c)
 		pass_as_is(c);
 		return;
 	}
-	if (c->method == HTTP_GET && issue_is_path(c->match)) {
+	if (c->method == HTTP_GET && issuing(c->cfg) && issue_is_path(c->match)) {
+		if (!issue_allowed()) {
+			conn_answer(c, PROBLEM_TOO_MANY_REQUESTS, "keys are issued "
+				    "at a bounded rate; retry", OUTCOME_BUSY, false);
+			return;
+		}
 		issue_key(c);
 		return;
 	}
@@ -316,6 +377,11 @@ void conn_keyed_decide(struct conn *c)
 	case KEYED_BUFFER:
 	case KEYED_ENGINE:
 		break;
+	}
+	if (c->req_body == BODY_LENGTH && !conn_keyed_reserve(c, c->req_length)) {
+		conn_answer(c, PROBLEM_SERVER_BUSY, "too many request bodies are "
+			    "being buffered; retry", OUTCOME_BUSY, true);
+		return;
 	}
 	c->body = evbuffer_new();
 	if (c->body == NULL) {

@@ -79,7 +79,8 @@ enum conn_mode {
 	X(RESP_STARTED,  "resp_started")  /* final response head queued */ \
 	X(RESP_CHUNKED,  "resp_chunked")  /* we chunk the body for the client */ \
 	X(CLOSE_AFTER,   "close_after")   /* close once this response is out */ \
-	X(BODY_TOO_LARGE, "body_too_large")
+	X(BODY_TOO_LARGE, "body_too_large") \
+	X(BODY_BUSY,     "body_busy")     /* the body budget is spent */
 
 enum {
 #define X(name, label) CONN_BIT_##name,
@@ -120,6 +121,7 @@ struct conn {
 	const char *route;		/* the route's name (in cfg); NULL: global */
 	struct keyed_key key;
 	struct evbuffer *body;		/* the buffered body while BODY */
+	uint64_t reserved;		/* of the process-wide body budget */
 	struct idem *idem;
 	struct store_op *issue_op;
 
@@ -164,5 +166,10 @@ void conn_client_done(struct conn *c);
  * request arrived (BODY). */
 void conn_keyed_decide(struct conn *c);
 void conn_keyed_body(struct conn *c);
+/* Take n bytes of the process-wide budget of buffered keyed bodies
+ * (--max-buffered) for c; false when it is spent. Given back, all of it,
+ * by conn_keyed_unreserve() when the request ends. */
+bool conn_keyed_reserve(struct conn *c, uint64_t n);
+void conn_keyed_unreserve(struct conn *c);
 
 #endif

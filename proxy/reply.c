@@ -27,7 +27,8 @@ void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
 	status_line(out, status);
 	evbuffer_add_printf(out, "Content-Type: application/problem+json\r\n"
 			    "Content-Length: %zu\r\n", len);
-	if (status == 503 || p == PROBLEM_IN_PROGRESS)
+	if (status == 503 || p == PROBLEM_IN_PROGRESS ||
+	    p == PROBLEM_TOO_MANY_REQUESTS)
 		evbuffer_add(out, "Retry-After: 1\r\n", 16);
 	h1_write_connection(out, rc.close, rc.http10);
 	evbuffer_add(out, "\r\n", 2);

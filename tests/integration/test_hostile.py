@@ -300,3 +300,57 @@ def test_head_replay_keeps_content_length(make_proxy):
     assert a.status == 200 and a.header("Content-Length") == "1234"
     assert b.header("Idempotent-Replayed") == "true"
     assert b.header("Content-Length") == "1234"
+
+
+# ---- 8. key issuing only where configured, bounded -----------------------------
+
+def test_issue_endpoint_only_where_a_route_issues_keys(proxy, stub):
+    before = executions(stub)
+    r = request(proxy.port, "GET", "/.well-known/idempotency-key")
+    assert r.status == 200
+    assert upstream_echo(r)["target"] == "/.well-known/idempotency-key"
+    assert executions(stub) == before + 1        # an ordinary request
+
+
+def test_issue_endpoint_bounded(tmp_path, make_proxy):
+    path = tmp_path / "issue.ini"
+    path.write_text("[route orders]\nmatch = POST /orders\n"
+                    "require_issued_key = yes\n")
+    p = make_proxy("--config", str(path))
+    statuses = []
+    with RawConn(p.port) as c:
+        for _ in range(120):
+            c.send(b"GET /.well-known/idempotency-key HTTP/1.1\r\nHost: x\r\n\r\n")
+            statuses.append(c.read_response().status)
+    assert statuses.count(200) >= 50
+    assert 429 in statuses, statuses
+    r = request(p.port, "GET", "/.well-known/idempotency-key")
+    assert r.status in (200, 429)
+    if r.status == 429:
+        assert r.header("Retry-After") == "1"
+
+
+# ---- 9. a process-wide budget for buffered bodies ------------------------------
+
+def test_buffered_bodies_have_a_global_budget(make_proxy, stub):
+    p = make_proxy("--max-buffered", "1MiB")
+    held = []
+    try:
+        for i in range(3):      # 3 x 400 KiB declared, bodies never sent
+            c = RawConn(p.port)
+            c.send(b"POST /o HTTP/1.1\r\nHost: x\r\nIdempotency-Key: b-%d-%s\r\n"
+                   b"Content-Length: 409600\r\n\r\n" % (i, uuid.uuid4().hex.encode()))
+            held.append(c)
+        time.sleep(0.3)
+        r = held[2].read_response()
+        assert_problem(r, 503, "server-busy")
+        assert r.header("Retry-After") == "1"
+        # the others still get through once their bodies arrive
+        held[0].send(b"x" * 409600)
+        assert held[0].read_response().status == 200
+    finally:
+        for c in held:
+            c.close()
+    # the budget is given back: a new request fits
+    r = kpost(p.port, "/o", newkey(), body=b"y" * 409600)
+    assert r.status == 200
