@@ -97,7 +97,7 @@ void pg_op_finish(struct pg_op *o, enum store_status st)
 }
 
 struct pg_op *pg_op_alloc(struct pg_local *l, enum pg_kind kind,
-			      const struct store_key *k, store_cb cb, void *arg)
+			  const struct store_key *k, store_cb cb, void *arg)
 {
 	struct pg_op *o = calloc(1, sizeof(*o));
 
@@ -120,8 +120,8 @@ struct pg_op *pg_op_alloc(struct pg_local *l, enum pg_kind kind,
 }
 
 struct pg_op *pg_op_new(struct pg_store *s, struct event_base *base,
-			    enum pg_kind kind, const struct store_key *k,
-			    store_cb cb, void *arg)
+			enum pg_kind kind, const struct store_key *k,
+			store_cb cb, void *arg)
 {
 	struct pg_local *l = pg_local_for(s, base);
 
