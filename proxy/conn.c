@@ -312,8 +312,7 @@ void conn_free(struct conn *c)
 	conn_keyed_unreserve(c);
 	if (c->body != NULL)
 		evbuffer_free(c->body);
-	free(c->fwd);
-	free(c->match);
+	free(c->paths);
 	free(c);
 	metrics_gauge_add(GAUGE_connections, -1);
 }
@@ -326,8 +325,6 @@ static void reset_request(struct conn *c)
 		c->cfg = NULL;
 	}
 	h1_head_reset(&c->head, c->w->cfg->max_header_size);
-	free(c->fwd);
-	free(c->match);
 	c->fwd = c->match = NULL;
 	conn_keyed_unreserve(c);
 	c->flags = 0;
@@ -565,9 +562,15 @@ static int start_exchange(struct conn *c, bool fresh)
 		.body = c->req_body, .length = c->req_length,
 	};
 
+	/* a request that is not retried on a stale connection (it has a
+	 * body, or is not idempotent) is sent on one checked alive */
+	unsigned how = fresh ? UPSTREAM_FRESH :
+		       c->req_body == BODY_NONE && idempotent_method(c->method) ?
+		       0 : UPSTREAM_CHECK;
+
 	c->up = upstream_acquire(c->w->pool, &up_cbs, c,
 				 c->cfg->upstream_timeout_ms,
-				 c->method == HTTP_HEAD, fresh);
+				 c->method == HTTP_HEAD, how);
 	if (c->up == NULL)
 		return -1;
 	c->mode = CONN_MODE_PASS;
@@ -678,16 +681,21 @@ static const char *head_unacceptable(struct conn *c, enum problem *p)
 	}
 	if (reqhead_origin_target(c->head.target, c->method) == NULL)
 		return "unsupported request-target form";
-	c->fwd = malloc(c->head.target_len + 1);
-	c->match = malloc(c->head.target_len + 1);
-	if (c->fwd == NULL || c->match == NULL)
-		return "out of memory";
-	if (reqhead_normalise(c->head.target, c->method, c->fwd, c->match) < 0) {
-		/* decided in conn_keyed_decide: refused where routes or
-		 * protection apply, else forwarded as it came */
-		free(c->match);
-		c->match = NULL;
+	if (2 * (c->head.target_len + 1) > c->paths_cap) {
+		size_t cap = 2 * (c->head.target_len + 1);
+		char *buf = realloc(c->paths, cap < 512 ? 512 : cap);
+
+		if (buf == NULL)
+			return "out of memory";
+		c->paths = buf;
+		c->paths_cap = cap < 512 ? 512 : cap;
 	}
+	c->fwd = c->paths;
+	c->match = c->paths + c->head.target_len + 1;
+	if (reqhead_normalise(c->head.target, c->method, c->fwd, c->match) < 0)
+		c->match = NULL;	/* decided in conn_keyed_decide: refused
+					 * where routes or protection apply,
+					 * else forwarded as it came */
 	return NULL;
 }
 

@@ -108,7 +108,10 @@ struct conn {
 	struct config *cfg;		/* a ref held for the request */
 	struct h1_head head;
 	char *fwd;			/* the normalised target (reqhead_normalise) */
-	char *match;			/* ... and the path routes match */
+	char *match;			/* ... and the path routes match; NULL:
+					 * the path does not normalise */
+	char *paths;			/* where both live, kept across requests */
+	size_t paths_cap;
 	int method;			/* -1: no request to count */
 	unsigned short http_major, http_minor;
 	enum body_kind req_body;

@@ -471,7 +471,7 @@ static bool send_request(struct idem *ix)
 {
 	ix->up = upstream_acquire(ix->env->pool, &up_cbs, ix,
 				  ix->req.cfg->upstream_timeout_ms,
-				  ix->req.head_method, false);
+				  ix->req.head_method, UPSTREAM_CHECK);
 	if (ix->up == NULL)
 		return false;
 	ix->up_start_ms = clock_ms();

@@ -654,11 +654,11 @@ static bool idle_alive(struct upstream *u)
 
 struct upstream *upstream_acquire(struct upstream_pool *p,
 				  const struct upstream_cbs *cbs, void *arg,
-				  uint64_t timeout_ms, bool head, bool fresh)
+				  uint64_t timeout_ms, bool head, unsigned how)
 {
-	struct upstream *u = fresh ? NULL : TAILQ_FIRST(&p->idle);
+	struct upstream *u = (how & UPSTREAM_FRESH) ? NULL : TAILQ_FIRST(&p->idle);
 
-	while (u != NULL && !idle_alive(u)) {
+	while (u != NULL && (how & UPSTREAM_CHECK) && !idle_alive(u)) {
 		up_close(u);	/* closed (or talking) while idle */
 		u = TAILQ_FIRST(&p->idle);
 	}

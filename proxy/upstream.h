@@ -71,17 +71,23 @@ void upstream_pool_close_idle(struct upstream_pool *p);
 /* Free the pool; every handle must have been released or aborted. */
 void upstream_pool_free(struct upstream_pool *p);
 
+/* How upstream_acquire() picks a connection. */
+#define UPSTREAM_FRESH	0x01	/* a new connection, never a pooled one */
+#define UPSTREAM_CHECK	0x02	/* peek a pooled one first: a request that
+				 * must not be sent on a connection the
+				 * upstream already closed (one syscall) */
+
 /*
- * Get a connection for one exchange: an idle pooled one unless `fresh`, else
- * a new one (connect completes in the background; bytes written meanwhile
- * are sent once connected). `timeout_ms` bounds connect, each write stall,
- * and - once upstream_request_sent() is called - the wait for each response
- * read. `head` says the request is HEAD (the response has no body).
- * Returns NULL when no socket could be made.
+ * Get a connection for one exchange: an idle pooled one unless
+ * UPSTREAM_FRESH, else a new one (connect completes in the background;
+ * bytes written meanwhile are sent once connected). `timeout_ms` bounds
+ * connect, each write stall, and - once upstream_request_sent() is called -
+ * the wait for each response read. `head` says the request is HEAD (the
+ * response has no body). Returns NULL when no socket could be made.
  */
 struct upstream *upstream_acquire(struct upstream_pool *p,
 				  const struct upstream_cbs *cbs, void *arg,
-				  uint64_t timeout_ms, bool head, bool fresh);
+				  uint64_t timeout_ms, bool head, unsigned how);
 
 struct evbuffer *upstream_output(struct upstream *u);
 size_t upstream_output_pending(struct upstream *u);
