@@ -27,5 +27,11 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 status=0
 meson test -C "$BUILD" --print-errorlogs --num-processes 2 || status=$?
 
+# The soak (tests/soak, docs/reliability.md): ~60 s of three instances on
+# PostgreSQL + Redis under faults, then its history checker; it prints its
+# own PASS/FAIL and a failing run keeps its history (path printed).
+IDEMPROXY_BIN="$(cd "$BUILD" && pwd)/proxy/idemproxy" tests/soak/run.sh 60 ||
+  status=1
+
 /usr/bin/python3 tests/support/summary.py "$BUILD/meson-logs/testlog.json" || status=1
 exit $status
