@@ -941,6 +941,12 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	}
 	if (what & BEV_EVENT_TIMEOUT) {
 		if ((what & BEV_EVENT_READING) &&
+		    h1_socket_readable(bufferevent_getfd(bev))) {
+			/* late, not slow: the client's bytes are waiting */
+			bufferevent_enable(bev, EV_READ);
+			return;
+		}
+		if ((what & BEV_EVENT_READING) &&
 		    (c->state == CONN_ST_FORWARD || c->state == CONN_ST_BODY) &&
 		    !req_done && !cf_has(c, CF(RESP_STARTED))) {
 			refuse(c, PROBLEM_REQUEST_TIMEOUT,

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 #include <event2/buffer.h>
 
@@ -153,6 +154,13 @@ void h1_write_connection(struct evbuffer *out, bool close, bool http10)
 		evbuffer_add(out, "Connection: close\r\n", 19);
 	else if (http10)
 		evbuffer_add(out, "Connection: keep-alive\r\n", 24);
+}
+
+bool h1_socket_readable(int fd)
+{
+	char b;
+
+	return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0;
 }
 
 void h1_chunk(struct evbuffer *out, const char *at, size_t len)

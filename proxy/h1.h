@@ -61,6 +61,11 @@ void h1_write_fields(struct evbuffer *out, const struct hdrlist *h,
  * keep it, none otherwise. */
 void h1_write_connection(struct evbuffer *out, bool close, bool http10);
 
+/* Has the peer sent anything (bytes, or its FIN) that waits on fd? For
+ * a read timeout that fired late (the process was stalled): then it is not
+ * the peer that is slow. */
+bool h1_socket_readable(int fd);
+
 /* Chunked framing: len bytes at `at`, or moved from the front of src; the
  * last chunk. */
 void h1_chunk(struct evbuffer *out, const char *at, size_t len);

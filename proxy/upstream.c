@@ -543,6 +543,13 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	if (what & BEV_EVENT_TIMEOUT) {
+		if ((what & BEV_EVENT_READING) &&
+		    h1_socket_readable(bufferevent_getfd(bev))) {
+			/* the loop was late (a stalled process), not the
+			 * upstream: what it sent is waiting, read it */
+			bufferevent_enable(bev, EV_READ);
+			return;
+		}
 		up_fail(u, UPSTREAM_ERROR_TIMEOUT);
 		return;
 	}
