@@ -152,7 +152,10 @@ static void on_issued(void *arg, const struct store_result *res)
 		return;
 	}
 	c->outcome = OUTCOME_KEY_ISSUED;
-	if (!cf_has(c, CF(KEEP_ALIVE)) || c->draining)
+	/* a GET with a body we did not read: its bytes must never be
+	 * parsed as the next request (fuzz_request finding) */
+	if (!cf_has(c, CF(KEEP_ALIVE)) || !cf_has(c, CF(REQ_DONE)) ||
+	    c->draining)
 		cf_set(c, CF(CLOSE_AFTER));
 	reply_issued_key(bufferevent_get_output(c->bev), c->key.key, conn_reply_conn(c));
 	cf_set(c, CF(RESP_STARTED));

@@ -302,6 +302,8 @@ static int handle_head(struct upstream *u)
 
 	if (httphdr_validate(&u->head.fields) < 0)
 		return -1;
+	if (resp.status < 100 || resp.status > 999)
+		return -1;	/* not three digits: nothing a client can read */
 	if (resp.status >= 100 && resp.status < 200) {
 		if (resp.status == 101)
 			return -1;	/* we never ask for an upgrade */
