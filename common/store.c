@@ -1,13 +1,17 @@
 /*
- * store.c - what every store backend shares: stored responses and owner
- * tokens.
+ * store.c - what every store backend shares: stored responses, owner
+ * tokens, record ids and their keyed hash.
  */
 #include "store.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <openssl/rand.h>
+
+#include "siphash.h"
 
 struct stored_response *stored_response_new(int status, const char *head,
 					    size_t head_len, const char *body,
@@ -83,15 +87,24 @@ size_t store_key_id(const struct store_key *k, char buf[STORE_ID_MAX])
 	return store_id(k->scope, strlen(k->scope), k->key, strlen(k->key), buf);
 }
 
+/* The per-process key of store_id_hash(), drawn once, on first use. */
+static uint8_t id_hash_key[SIPHASH_KEY_LEN];
+static pthread_once_t id_hash_once = PTHREAD_ONCE_INIT;
+
+static void id_hash_key_init(void)
+{
+	if (RAND_bytes(id_hash_key, sizeof(id_hash_key)) != 1) {
+		/* a predictable key would make every table floodable */
+		fputs("idemproxy: no random bytes for the record-id hash key\n",
+		      stderr);
+		abort();
+	}
+}
+
 uint64_t store_id_hash(const char *id, size_t len)
 {
-	uint64_t h = 1469598103934665603ull;
-
-	for (size_t i = 0; i < len; i++) {
-		h ^= (unsigned char)id[i];
-		h *= 1099511628211ull;
-	}
-	return h;
+	pthread_once(&id_hash_once, id_hash_key_init);
+	return siphash24(id_hash_key, id, len);
 }
 
 int store_new_owner(char out[STORE_OWNER_LEN + 1])

@@ -220,9 +220,11 @@ static inline void store_free(struct store *s)
 		s->ops->free(s);
 }
 
-/* A record's identity as one string, "<scope>\n<key>", and its hash
- * (FNV-1a: keys are short, bounded and namespaced by scope, so an
- * adversary can slow one chain at most), for in-process tables. */
+/* A record's identity as one string, "<scope>\n<key>", and its hash for
+ * in-process tables: SipHash-2-4 under a key drawn at random once per
+ * process, so that clients cannot choose keys that share a bucket (with an
+ * unkeyed hash they can, and one chain takes every lookup). A table may
+ * rather hold a key of its own (common/siphash.h), as the memory store does. */
 #define STORE_ID_MAX (STORE_SCOPE_LEN + 1 + IDEMKEY_MAX + 1)
 size_t store_id(const char *scope, size_t slen, const char *key, size_t klen,
 		char buf[STORE_ID_MAX]);

@@ -8,6 +8,25 @@
  * events. A waiter's event also carries a timeout at the end of the
  * record's lease, so a duplicate wakes to take over a claim whose owner is
  * stuck, without any polling.
+ *
+ * No operation's time under the lock grows with the table:
+ *
+ *   - Buckets are chosen by SipHash-2-4 under a key drawn for this store, so
+ *     clients cannot pile their keys into one chain.
+ *   - The table doubles incrementally: when records outnumber buckets, a
+ *     second table of twice the size is allocated and every operation moves
+ *     the next few buckets of the old one into it; meanwhile new records go
+ *     into the new table and lookups try both.
+ *
+ *        t[0]  [moved|moved|moved|  b3  |  b4  | ... ]   move_pos = 3
+ *        t[1]  [ ... twice as many buckets ...        ]   new records here
+ *
+ *   - Expired records are swept by a cursor over the buckets, a bounded
+ *     batch at a time: by the sweep timer, and by a claim or completion
+ *     that finds the store at its bound. Slot i of the cursor is bucket i
+ *     of t[0] and, while doubling, buckets i and i + n of t[1]: the two a
+ *     record of bucket i moves to. A record no sweep has reached yet is
+ *     still never served after its expiry: every lookup checks it.
  */
 #include "store_memory.h"
 
@@ -19,11 +38,14 @@
 #include <time.h>
 
 #include <event2/event.h>
+#include <openssl/rand.h>
 
 #include "clock.h"
 #include "metrics.h"
+#include "siphash.h"
 
 #define NBUCKETS_MIN 1024
+#define SWEEP_BATCH 4096	/* the timer's batch: buckets moved, swept */
 
 struct mem_op;
 TAILQ_HEAD(mem_waiters, mem_op);
@@ -31,7 +53,6 @@ TAILQ_HEAD(mem_waiters, mem_op);
 struct mem_entry {
 	struct mem_entry *next;		/* hash chain */
 	uint64_t hash;
-	char *id;			/* scope "\n" key, NUL-terminated */
 	size_t id_len;
 	uint8_t fp[FP_LEN];
 	bool completed;
@@ -41,17 +62,27 @@ struct mem_entry {
 	struct stored_response *resp;	/* completed */
 	size_t bytes;			/* accounted */
 	struct mem_waiters waiters;
+	char id[];			/* scope "\n" key, NUL-terminated */
+};
+
+struct mem_table {
+	struct mem_entry **b;
+	size_t n;			/* buckets, a power of two; 0: none */
 };
 
 struct mem_store {
 	struct store base;
 	pthread_mutex_t mu;
-	struct mem_entry **buckets;
-	size_t nbuckets;
+	struct mem_table t[2];		/* t[1]: the doubled table being filled */
+	size_t move_pos;		/* t[0]'s buckets below it are moved */
 	size_t count;
 	size_t bytes, max_bytes;
-	size_t sweep_pos;		/* next bucket the sweeper looks at */
+	size_t sweep_pos;		/* the next slot the sweeper looks at */
+	uint8_t hash_key[SIPHASH_KEY_LEN];
 	store_clock_fn clock;
+	/* work besides the operation's own record, for store_memory_stats() */
+	size_t op_buckets, op_records;	/* the current operation's */
+	size_t op_buckets_max, op_records_max;
 };
 
 struct mem_op {
@@ -68,41 +99,104 @@ struct mem_op {
 
 static const struct store_ops mem_ops;
 
-static struct mem_entry **find_slot(struct mem_store *m, const char *id,
-				    size_t len, uint64_t h)
+/* ---- the table (under mu) --------------------------------------------- */
+
+static bool doubling(const struct mem_store *m)
 {
-	struct mem_entry **pp = &m->buckets[h & (m->nbuckets - 1)];
+	return m->t[1].n != 0;
+}
+
+static uint64_t id_hash(const struct mem_store *m, const char *id, size_t len)
+{
+	return siphash24(m->hash_key, id, len);
+}
+
+static struct mem_entry **find_in(const struct mem_table *t, const char *id,
+				  size_t len, uint64_t h)
+{
+	struct mem_entry **pp = &t->b[h & (t->n - 1)];
 
 	for (; *pp != NULL; pp = &(*pp)->next)
 		if ((*pp)->hash == h && (*pp)->id_len == len &&
 		    memcmp((*pp)->id, id, len) == 0)
-			break;
+			return pp;
+	return NULL;
+}
+
+/* The link that points at the record id (hash h), or NULL. While the table
+ * doubles, a record is in t[0] until its bucket moves, or in t[1]. */
+static struct mem_entry **find(struct mem_store *m, const char *id, size_t len,
+			       uint64_t h)
+{
+	struct mem_entry **pp = find_in(&m->t[0], id, len, h);
+
+	if (pp == NULL && doubling(m))
+		pp = find_in(&m->t[1], id, len, h);
 	return pp;
 }
 
-static void grow(struct mem_store *m)
+/* Start doubling: allocate t[1]. If that fails, chains grow longer and the
+ * next insertion tries again; lookups stay correct. */
+static void start_doubling(struct mem_store *m)
 {
-	size_t n = m->nbuckets * 2;
+	size_t n = m->t[0].n * 2;
 	struct mem_entry **b = calloc(n, sizeof(*b));
 
 	if (b == NULL)
-		return;		/* longer chains, still correct */
-	for (size_t i = 0; i < m->nbuckets; i++) {
-		struct mem_entry *e = m->buckets[i], *next;
-
-		for (; e != NULL; e = next) {
-			next = e->next;
-			e->next = b[e->hash & (n - 1)];
-			b[e->hash & (n - 1)] = e;
-		}
-	}
-	free(m->buckets);
-	m->buckets = b;
-	m->nbuckets = n;
-	m->sweep_pos = 0;
+		return;
+	m->t[1].b = b;
+	m->t[1].n = n;
+	m->move_pos = 0;
 }
 
-/* Wake every waiter of e (the record is settling). Under mu. */
+/* Move up to `buckets` buckets of t[0] to t[1]; switch to t[1] when all
+ * are moved. */
+static void move_some(struct mem_store *m, size_t buckets)
+{
+	struct mem_table *from = &m->t[0], *to = &m->t[1];
+
+	if (!doubling(m))
+		return;
+	for (size_t i = 0; i < buckets && m->move_pos < from->n; i++) {
+		struct mem_entry *e = from->b[m->move_pos], *next;
+
+		from->b[m->move_pos++] = NULL;
+		m->op_buckets++;
+		for (; e != NULL; e = next) {
+			struct mem_entry **head = &to->b[e->hash & (to->n - 1)];
+
+			next = e->next;
+			e->next = *head;
+			*head = e;
+			m->op_records++;
+		}
+	}
+	if (m->move_pos == from->n) {
+		free(from->b);
+		*from = *to;
+		to->b = NULL;
+		to->n = 0;
+		m->move_pos = 0;
+		/* sweep_pos < the old size: still a slot of the new table */
+	}
+}
+
+/* Link a new record e in, and start doubling when records outnumber
+ * buckets. */
+static void insert(struct mem_store *m, struct mem_entry *e)
+{
+	struct mem_table *t = &m->t[doubling(m) ? 1 : 0];
+	struct mem_entry **head = &t->b[e->hash & (t->n - 1)];
+
+	e->next = *head;
+	*head = e;
+	m->count++;
+	m->bytes += e->bytes;
+	if (!doubling(m) && m->count > m->t[0].n)
+		start_doubling(m);
+}
+
+/* Wake every waiter of e (the record is settling). */
 static void wake_waiters(struct mem_entry *e)
 {
 	struct mem_op *w;
@@ -115,7 +209,7 @@ static void wake_waiters(struct mem_entry *e)
 	}
 }
 
-/* Unlink *pp and free it. Under mu. */
+/* Unlink *pp and free it. */
 static void remove_entry(struct mem_store *m, struct mem_entry **pp)
 {
 	struct mem_entry *e = *pp;
@@ -125,7 +219,6 @@ static void remove_entry(struct mem_store *m, struct mem_entry **pp)
 	m->count--;
 	m->bytes -= e->bytes;
 	stored_response_unref(e->resp);
-	free(e->id);
 	free(e);
 }
 
@@ -141,21 +234,65 @@ static bool expired(const struct mem_entry *e, uint64_t now)
 	return e->expires_at <= now;
 }
 
-/* Remove expired records from up to `buckets` buckets. Under mu. */
-static void sweep_some(struct mem_store *m, size_t buckets, uint64_t now)
+/* Remove the expired records of one chain. Returns the records looked at. */
+static size_t sweep_chain(struct mem_store *m, struct mem_entry **pp, uint64_t now)
 {
-	for (size_t i = 0; i < buckets && i < m->nbuckets; i++) {
-		struct mem_entry **pp = &m->buckets[m->sweep_pos];
+	size_t seen = 0;
 
-		while (*pp != NULL) {
-			if (expired(*pp, now))
-				remove_entry(m, pp);
-			else
-				pp = &(*pp)->next;
-		}
-		m->sweep_pos = (m->sweep_pos + 1) & (m->nbuckets - 1);
+	while (*pp != NULL) {
+		seen++;
+		if (expired(*pp, now))
+			remove_entry(m, pp);
+		else
+			pp = &(*pp)->next;
 	}
+	return seen;
 }
+
+/*
+ * Remove expired records from the slots after the cursor, stopping after
+ * `buckets` buckets, or after the chain in which `records` records were
+ * looked at, or after one turn of the table.
+ */
+static void sweep_some(struct mem_store *m, size_t buckets, size_t records,
+		       uint64_t now)
+{
+	size_t n = m->t[0].n, nb = 0, nr = 0;
+
+	for (size_t i = 0; i < n && nb < buckets && nr < records; i++) {
+		size_t pos = m->sweep_pos;
+
+		nr += sweep_chain(m, &m->t[0].b[pos], now);
+		nb++;
+		if (doubling(m)) {
+			nr += sweep_chain(m, &m->t[1].b[pos], now);
+			nr += sweep_chain(m, &m->t[1].b[pos + n], now);
+			nb += 2;
+		}
+		m->sweep_pos = (pos + 1) & (n - 1);
+	}
+	m->op_buckets += nb;
+	m->op_records += nr;
+}
+
+/* Every operation on the table starts with its share of the doubling... */
+static void op_begin(struct mem_store *m)
+{
+	m->op_buckets = 0;
+	m->op_records = 0;
+	move_some(m, STORE_MEMORY_MOVE_BUCKETS);
+}
+
+/* ... and ends by keeping count of the work it did. */
+static void op_end(struct mem_store *m)
+{
+	if (m->op_buckets > m->op_buckets_max)
+		m->op_buckets_max = m->op_buckets;
+	if (m->op_records > m->op_records_max)
+		m->op_records_max = m->op_records;
+}
+
+/* ---- operations ------------------------------------------------------ */
 
 static void deliver_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -211,8 +348,8 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 	struct mem_op *o = op_new(m, base, cb, arg);
 	char id[STORE_ID_MAX];
 	size_t len = store_key_id(&c->key, id);
-	uint64_t h = store_id_hash(id, len);
-	struct mem_entry **pp, *e;
+	uint64_t h = id_hash(m, id, len);
+	struct mem_entry **pp, *e = NULL;
 	enum store_status st;
 	uint64_t now;
 
@@ -220,26 +357,27 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		return NULL;
 	o->key = c->key;
 	pthread_mutex_lock(&m->mu);
+	op_begin(m);
 	now = m->clock();
-	pp = find_slot(m, id, len, h);
-	if (*pp != NULL && expired(*pp, now))
-		remove_entry(m, pp);	/* *pp is now the next in chain */
-	pp = find_slot(m, id, len, h);
-	e = *pp;
-	if (e == NULL) {
+	pp = find(m, id, len, h);
+	if (pp != NULL && expired(*pp, now)) {
+		remove_entry(m, pp);
+		pp = NULL;
+	}
+	if (pp == NULL) {
 		size_t need = sizeof(*e) + len + 1;
 
 		if (m->bytes + need > m->max_bytes)
-			sweep_some(m, m->nbuckets, now);
+			sweep_some(m, STORE_MEMORY_SWEEP_BUCKETS,
+				   STORE_MEMORY_SWEEP_RECORDS, now);
 		if (m->bytes + need > m->max_bytes ||
 		    store_new_owner(o->res.owner) < 0 ||
-		    (e = calloc(1, sizeof(*e))) == NULL ||
-		    (e->id = strdup(id)) == NULL) {
-			free(e);
+		    (e = calloc(1, need)) == NULL) {
 			st = STORE_FULL;
 			metrics_store_error(STORE_KIND_MEMORY);
 			goto out;
 		}
+		memcpy(e->id, id, len + 1);
 		e->hash = h;
 		e->id_len = len;
 		memcpy(e->fp, c->fp, FP_LEN);
@@ -248,15 +386,12 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		e->expires_at = now + inflight_ttl(c);
 		e->bytes = need;
 		TAILQ_INIT(&e->waiters);
-		pp = find_slot(m, id, len, h);	/* sweeping may have moved it */
-		e->next = *pp;
-		*pp = e;
-		m->count++;
-		m->bytes += need;
-		if (m->count > m->nbuckets)
-			grow(m);
+		insert(m, e);
 		st = STORE_WON;
-	} else if (memcmp(e->fp, c->fp, FP_LEN) != 0) {
+		goto out;
+	}
+	e = *pp;
+	if (memcmp(e->fp, c->fp, FP_LEN) != 0) {
 		st = STORE_MISMATCH;	/* before the in-flight state */
 	} else if (e->completed) {
 		o->res.resp = stored_response_ref(e->resp);
@@ -275,6 +410,7 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		st = STORE_IN_FLIGHT;
 	}
 out:
+	op_end(m);
 	pthread_mutex_unlock(&m->mu);
 	return op_post(o, st);
 }
@@ -285,9 +421,9 @@ static struct mem_entry **find_owned(struct mem_store *m, const struct store_key
 {
 	char id[STORE_ID_MAX];
 	size_t len = store_key_id(k, id);
-	struct mem_entry **pp = find_slot(m, id, len, store_id_hash(id, len));
+	struct mem_entry **pp = find(m, id, len, id_hash(m, id, len));
 
-	if (*pp == NULL || (*pp)->completed || strcmp((*pp)->owner, owner) != 0)
+	if (pp == NULL || (*pp)->completed || strcmp((*pp)->owner, owner) != 0)
 		return NULL;
 	return pp;
 }
@@ -307,36 +443,48 @@ static struct store_op *mem_complete(struct store *s, struct event_base *base,
 	if (o == NULL)
 		return NULL;
 	pthread_mutex_lock(&m->mu);
+	op_begin(m);
 	pp = find_owned(m, k, owner);
-	if (pp != NULL) {
-		e = *pp;
-		size = resp->head_len + resp->body_len + sizeof(*resp);
-		if (m->bytes + size > m->max_bytes)
-			sweep_some(m, m->nbuckets, m->clock());
-		pp = find_owned(m, k, owner);	/* still ours: not expired */
-		if (pp != NULL) {
-			e = *pp;
-			if (m->bytes + size > m->max_bytes && resp->body_stored) {
-				/* keep the record, drop the body: a duplicate
-				 * then gets 409 response-not-stored */
-				struct stored_response *slim = stored_response_new(
-					resp->status, "", 0, "", 0, false);
+	if (pp == NULL)
+		goto out;
+	size = resp->head_len + resp->body_len + sizeof(*resp);
+	if (m->bytes + size > m->max_bytes) {
+		uint64_t now = m->clock();
 
-				if (slim != NULL)
-					resp = slim;
-				size = sizeof(*resp);
-			} else {
-				stored_response_ref(resp);
-			}
-			e->completed = true;
-			e->resp = resp;
-			e->bytes += size;
-			m->bytes += size;
-			e->expires_at = m->clock() + ttl_ms;
-			wake_waiters(e);
-			st = STORE_OK;
+		if (expired(*pp, now)) {
+			/* at the bound, sweeping removes the expired record
+			 * before anything else: it is no longer ours */
+			remove_entry(m, pp);
+			goto out;
 		}
+		sweep_some(m, STORE_MEMORY_SWEEP_BUCKETS,
+			   STORE_MEMORY_SWEEP_RECORDS, now);
+		pp = find_owned(m, k, owner);	/* a neighbour may have gone */
+		if (pp == NULL)
+			goto out;
 	}
+	e = *pp;
+	if (m->bytes + size > m->max_bytes && resp->body_stored) {
+		/* keep the record, drop the body: a duplicate then gets 409
+		 * response-not-stored */
+		struct stored_response *slim = stored_response_new(
+			resp->status, "", 0, "", 0, false);
+
+		if (slim != NULL)
+			resp = slim;
+		size = sizeof(*resp);
+	} else {
+		stored_response_ref(resp);
+	}
+	e->completed = true;
+	e->resp = resp;
+	e->bytes += size;
+	m->bytes += size;
+	e->expires_at = m->clock() + ttl_ms;
+	wake_waiters(e);
+	st = STORE_OK;
+out:
+	op_end(m);
 	pthread_mutex_unlock(&m->mu);
 	return op_post(o, st);
 }
@@ -353,11 +501,13 @@ static struct store_op *mem_release(struct store *s, struct event_base *base,
 	if (o == NULL)
 		return NULL;
 	pthread_mutex_lock(&m->mu);
+	op_begin(m);
 	pp = find_owned(m, k, owner);
 	if (pp != NULL) {
 		remove_entry(m, pp);
 		st = STORE_OK;
 	}
+	op_end(m);
 	pthread_mutex_unlock(&m->mu);
 	return op_post(o, st);
 }
@@ -374,6 +524,7 @@ static struct store_op *mem_extend(struct store *s, struct event_base *base,
 	if (o == NULL)
 		return NULL;
 	pthread_mutex_lock(&m->mu);
+	op_begin(m);
 	pp = find_owned(m, k, owner);
 	if (pp != NULL) {
 		struct mem_entry *e = *pp;
@@ -384,6 +535,7 @@ static struct store_op *mem_extend(struct store *s, struct event_base *base,
 			e->expires_at = e->lease_until;
 		st = STORE_OK;
 	}
+	op_end(m);
 	pthread_mutex_unlock(&m->mu);
 	return op_post(o, st);
 }
@@ -395,27 +547,29 @@ static struct store_op *mem_watch(struct store *s, struct event_base *base,
 	struct mem_op *o = op_new(m, base, cb, arg);
 	char id[STORE_ID_MAX];
 	size_t len = store_key_id(k, id);
-	struct mem_entry *e;
+	struct mem_entry **pp, *e;
+	struct timeval tv;
 	uint64_t now;
 
 	if (o == NULL)
 		return NULL;
 	o->watch = true;
 	pthread_mutex_lock(&m->mu);
+	op_begin(m);
 	now = m->clock();
-	e = *find_slot(m, id, len, store_id_hash(id, len));
+	pp = find(m, id, len, id_hash(m, id, len));
+	e = pp != NULL ? *pp : NULL;
 	if (e == NULL || e->completed || e->lease_until <= now ||
 	    expired(e, now)) {
+		op_end(m);
 		pthread_mutex_unlock(&m->mu);
 		return op_post(o, STORE_SETTLED);
 	}
-	{
-		struct timeval tv = clock_tv(e->lease_until - now);
-
-		o->watching = e;
-		TAILQ_INSERT_TAIL(&e->waiters, o, wlink);
-		event_add(o->ev, &tv);
-	}
+	tv = clock_tv(e->lease_until - now);
+	o->watching = e;
+	TAILQ_INSERT_TAIL(&e->waiters, o, wlink);
+	event_add(o->ev, &tv);
+	op_end(m);
 	pthread_mutex_unlock(&m->mu);
 	return &o->op;
 }
@@ -460,8 +614,10 @@ static void mem_sweep(struct store *s, struct event_base *base)
 	struct mem_store *m = (struct mem_store *)s;
 
 	pthread_mutex_lock(&m->mu);
-	/* a bounded batch per call keeps the lock short */
-	sweep_some(m, 4096, m->clock());
+	/* a bounded batch per call keeps the lock short; the batch also
+	 * finishes a doubling that operations alone would leave pending */
+	move_some(m, SWEEP_BATCH);
+	sweep_some(m, SWEEP_BATCH, SWEEP_BATCH, m->clock());
 	pthread_mutex_unlock(&m->mu);
 }
 
@@ -469,10 +625,12 @@ static void mem_free(struct store *s)
 {
 	struct mem_store *m = (struct mem_store *)s;
 
-	for (size_t i = 0; i < m->nbuckets; i++)
-		while (m->buckets[i] != NULL)
-			remove_entry(m, &m->buckets[i]);
-	free(m->buckets);
+	for (int t = 0; t < 2; t++) {
+		for (size_t i = 0; i < m->t[t].n; i++)
+			while (m->t[t].b[i] != NULL)
+				remove_entry(m, &m->t[t].b[i]);
+		free(m->t[t].b);
+	}
 	pthread_mutex_destroy(&m->mu);
 	free(m);
 }
@@ -497,9 +655,11 @@ struct store *store_memory_new(size_t max_bytes, store_clock_fn clock)
 	if (m == NULL)
 		return NULL;
 	m->base.ops = &mem_ops;
-	m->nbuckets = NBUCKETS_MIN;
-	m->buckets = calloc(m->nbuckets, sizeof(*m->buckets));
-	if (m->buckets == NULL) {
+	m->t[0].n = NBUCKETS_MIN;
+	m->t[0].b = calloc(m->t[0].n, sizeof(*m->t[0].b));
+	if (m->t[0].b == NULL ||
+	    RAND_bytes(m->hash_key, sizeof(m->hash_key)) != 1) {
+		free(m->t[0].b);
 		free(m);
 		return NULL;
 	}
@@ -529,4 +689,46 @@ size_t store_memory_bytes(struct store *s)
 	n = m->bytes;
 	pthread_mutex_unlock(&m->mu);
 	return n;
+}
+
+static size_t table_longest_chain(const struct mem_table *t)
+{
+	size_t longest = 0;
+
+	for (size_t i = 0; i < t->n; i++) {
+		size_t len = 0;
+
+		for (const struct mem_entry *e = t->b[i]; e != NULL; e = e->next)
+			len++;
+		if (len > longest)
+			longest = len;
+	}
+	return longest;
+}
+
+void store_memory_stats(struct store *s, struct store_memory_stats *st)
+{
+	struct mem_store *m = (struct mem_store *)s;
+
+	pthread_mutex_lock(&m->mu);
+	st->count = m->count;
+	st->doubling = doubling(m);
+	st->nbuckets = m->t[st->doubling ? 1 : 0].n;
+	st->op_buckets_max = m->op_buckets_max;
+	st->op_records_max = m->op_records_max;
+	m->op_buckets_max = 0;
+	m->op_records_max = 0;
+	pthread_mutex_unlock(&m->mu);
+}
+
+size_t store_memory_longest_chain(struct store *s)
+{
+	struct mem_store *m = (struct mem_store *)s;
+	size_t l0, l1;
+
+	pthread_mutex_lock(&m->mu);
+	l0 = table_longest_chain(&m->t[0]);
+	l1 = table_longest_chain(&m->t[1]);
+	pthread_mutex_unlock(&m->mu);
+	return l0 > l1 ? l0 : l1;
 }

@@ -1,7 +1,9 @@
 /*
  * The memory store through the store.h interface (common/store_memory.c):
  * every branch of the claim table, fencing, expiry, wake-ups (same thread,
- * other threads, lease timeout), cancellation, the byte cap and the sweep.
+ * other threads, lease timeout), cancellation, the byte cap and the sweep;
+ * the table under load: keys chosen to collide, doubling while in use,
+ * bounded work at the byte cap.
  *
  * A fake clock drives lease and TTL decisions; a real event_base delivers
  * the callbacks (no sockets). Every call is checked not to run its callback
@@ -1030,6 +1032,362 @@ static void test_cap(void)
 	event_base_free(b);
 }
 
+/* ---- the table under load: flooding, doubling, the bound ---- */
+
+/* A claim without TAP lines, for loops over thousands of keys. */
+static enum store_status claim_quiet(struct store *s, struct event_base *b,
+				     const char *key, int fpbyte, uint64_t ms,
+				     struct res *r)
+{
+	struct store_claim c = mkclaim(key, fpbyte, ms, ms);
+
+	res_reset(r);
+	(void)store_claim(s, b, &c, on_result, r);
+	drain(b);
+	return r->status;
+}
+
+/* The record-id hash this store used before (FNV-1a, 64 bit), to choose
+ * keys an attacker would have chosen against it. */
+static uint64_t fnv1a(const char *p, size_t len, uint64_t h)
+{
+	for (size_t i = 0; i < len; i++) {
+		h ^= (unsigned char)p[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+#define FNV_BASIS 1469598103934665603ull
+
+/*
+ * n keys "f-<i>-<c>" whose ids ("\n" + key, scope "") share the low `bits`
+ * bits of their FNV-1a hash: under a low-bit bucket index they all land in
+ * one chain of any table up to 2^bits buckets. keys[i] gets KEYLEN bytes.
+ */
+#define KEYLEN 24
+static int fnv_flood(char (*keys)[KEYLEN], int n, unsigned bits)
+{
+	static const char alphabet[] =
+		"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+	uint64_t mask = (1ull << bits) - 1, want = 0;
+	int found = 0;
+
+	for (unsigned i = 0; found < n && i < 100000000u; i++) {
+		char prefix[16];
+		int plen = snprintf(prefix, sizeof(prefix), "f-%u-", i);
+		uint64_t h = fnv1a("\n", 1, FNV_BASIS);
+
+		h = fnv1a(prefix, (size_t)plen, h);
+		for (const char *c = alphabet; *c && found < n; c++) {
+			uint64_t last = fnv1a(c, 1, h);
+
+			if (found == 0)
+				want = last & mask;
+			if ((last & mask) != want)
+				continue;
+			snprintf(keys[found++], KEYLEN, "%s%c", prefix, *c);
+		}
+	}
+	return found;
+}
+
+/*
+ * 3000 keys chosen to share one bucket under FNV-1a (the whole table: it
+ * has 4096 buckets at most here) spread over the keyed hash's buckets.
+ * Before, they formed one chain of 3000 and every lookup of any of them
+ * walked it (with 30,000 such keys: 49 s against 4 s). Asserted on the
+ * chain length, not on time.
+ */
+static void test_flood(void)
+{
+	enum { N = 3000 };
+	struct event_base *b = event_base_new();
+	struct store *s = store_memory_new(BIG, fake_clock);
+	static char keys[N][KEYLEN];
+	struct store_memory_stats st;
+	struct res r = { 0 };
+	int n, won = 0, found = 0, most = 0;
+	static int per_bucket[4096];
+
+	n = fnv_flood(keys, N, 12);
+	is_int(n, N, "%d keys sharing the low 12 bits of their FNV-1a hash", N);
+	{
+		char id[STORE_ID_MAX];
+		size_t len = store_id("", 0, keys[0], strlen(keys[0]), id);
+		uint64_t h0 = fnv1a(id, len, FNV_BASIS) & 4095;
+		int same = 0;
+
+		for (int i = 0; i < n; i++) {
+			len = store_id("", 0, keys[i], strlen(keys[i]), id);
+			same += (fnv1a(id, len, FNV_BASIS) & 4095) == h0;
+			/* the shared helper (the response cache's hash) */
+			per_bucket[store_id_hash(id, len) & 4095]++;
+		}
+		is_int(same, n, "(checked: one FNV-1a bucket of 4096 for all)");
+		for (int i = 0; i < 4096; i++)
+			if (per_bucket[i] > most)
+				most = per_bucket[i];
+		ok(most <= 16, "store_id_hash() spreads them: at most %d in one "
+		   "of 4096 buckets", most);
+	}
+
+	for (int i = 0; i < n; i++)
+		won += claim_quiet(s, b, keys[i], 1, 600000, &r) == STORE_WON;
+	is_int(won, n, "every flood key WON");
+	store_memory_stats(s, &st);
+	is_int(st.count, n, "%d records", n);
+	{
+		size_t longest = store_memory_longest_chain(s);
+
+		ok(longest <= 16,
+		   "the longest chain is %zu records (FNV-1a: %d), %zu buckets",
+		   longest, n, st.nbuckets);
+	}
+	for (int i = 0; i < n; i++)
+		found += claim_quiet(s, b, keys[i], 1, 600000, &r) ==
+			 STORE_IN_FLIGHT;
+	is_int(found, n, "and each is found again: IN_FLIGHT");
+
+	res_reset(&r);
+	store_free(s);
+	event_base_free(b);
+}
+
+/*
+ * The table doubles a few buckets per operation. While it does, every
+ * record stays findable - in the old table, or in the new one - whatever
+ * the operation: claim (in flight, completed, other fingerprint), watch,
+ * complete, release, extend; and no operation moves more than its share.
+ */
+static void test_doubling(void)
+{
+	enum { N = 20000 };
+	struct event_base *b = event_base_new();
+	struct store *s = store_memory_new(BIG, fake_clock);
+	struct stored_response *resp = resp_new(200, "moved");
+	struct store_memory_stats st;
+	static char owners[N][STORE_OWNER_LEN + 1];
+	struct res r = { 0 };
+	char key[32];
+	int won = 0, lost = 0, doublings = 0, ops_while = 0, fenced = 0;
+	bool was = false;
+	size_t most_buckets = 0;
+
+	for (int i = 0; i < N; i++) {
+		int j = (int)((unsigned)i * 7919u % (unsigned)(i + 1));
+
+		snprintf(key, sizeof(key), "dbl-%d", i);
+		won += claim_quiet(s, b, key, 1, 600000, &r) == STORE_WON;
+		memcpy(owners[i], r.owner, sizeof(owners[i]));
+		if (i % 3 == 0) {
+			struct store_key k = mkkey("", key);
+			struct res cr = { 0 };
+
+			(void)store_complete(s, b, &k, owners[i], nofp, resp,
+					     600000, on_result, &cr);
+			drain(b);
+			fenced += cr.status != STORE_OK;
+			res_reset(&cr);
+		}
+		/* an earlier record, anywhere in either table */
+		snprintf(key, sizeof(key), "dbl-%d", j);
+		lost += claim_quiet(s, b, key, 1, 600000, &r) !=
+			(j % 3 == 0 ? STORE_COMPLETED : STORE_IN_FLIGHT);
+		store_memory_stats(s, &st);
+		if (st.op_buckets_max > most_buckets)
+			most_buckets = st.op_buckets_max;
+		if (st.doubling) {
+			ops_while++;
+			if (!was)
+				doublings++;
+		}
+		was = st.doubling;
+	}
+	is_int(won, N, "%d claims WON", N);
+	is_int(fenced, 0, "a third completed: OK");
+	is_int(lost, 0, "after every claim an earlier record was found");
+	ok(doublings >= 4, "the table doubled %d times (1024 -> %zu buckets)",
+	   doublings, st.nbuckets);
+	ok(ops_while > 2 * doublings,
+	   "each doubling spread over operations (%d claims saw one under way)",
+	   ops_while);
+	ok(most_buckets <= STORE_MEMORY_MOVE_BUCKETS,
+	   "no operation moved more than %d buckets (most: %zu)",
+	   STORE_MEMORY_MOVE_BUCKETS, most_buckets);
+
+	/* now during one doubling: every record, every kind of lookup */
+	for (int i = N; !st.doubling && i < 4 * N; i++) {
+		snprintf(key, sizeof(key), "dbl-%d", i);
+		(void)claim_quiet(s, b, key, 1, 600000, &r);
+		store_memory_stats(s, &st);
+	}
+	ok(st.doubling, "a doubling has begun (%zu records, %zu buckets)",
+	   st.count, st.nbuckets);
+	{
+		int seen = 0, mismatch = 0, waiting = 0, while_doubling = 0;
+		int settled = 0, extended = 0, released = 0, owned = 0;
+
+		for (int i = 0; i < N; i++) {
+			struct store_key k;
+			struct res w = { 0 };
+
+			snprintf(key, sizeof(key), "dbl-%d", i);
+			k = mkkey("", key);
+			seen += claim_quiet(s, b, key, 1, 600000, &r) ==
+				(i % 3 == 0 ? STORE_COMPLETED : STORE_IN_FLIGHT);
+			mismatch += claim_quiet(s, b, key, 2, 600000, &r) ==
+				    STORE_MISMATCH;
+			if (i % 3 == 1) {
+				int calls = 0;
+
+				owned++;
+				(void)store_watch(s, b, &k, on_result, &w);
+				drain(b);
+				waiting += atomic_load(&w.calls) == 0;
+				(void)store_extend(s, b, &k, owners[i], 60000,
+						   on_status, &calls);
+				drain(b);
+				extended += calls == 1 && last_status == STORE_OK;
+				calls = 0;
+				if (i % 2)
+					(void)store_release(s, b, &k, owners[i],
+							    on_status, &calls);
+				else
+					(void)store_complete(s, b, &k, owners[i], nofp,
+							     resp, 600000, on_status,
+							     &calls);
+				drain(b);
+				released += calls == 1 && last_status == STORE_OK;
+				settled += atomic_load(&w.calls) == 1 &&
+					   w.status == STORE_SETTLED;
+				res_reset(&w);
+			}
+			store_memory_stats(s, &st);
+			while_doubling += st.doubling;
+		}
+		is_int(seen, N, "while doubling: every record found by a claim");
+		is_int(mismatch, N, "... and by a claim with another fingerprint");
+		is_int(waiting, owned, "... and watched while in flight");
+		is_int(extended, owned, "... and extended by its owner");
+		is_int(released, owned, "... and released or completed by its owner");
+		is_int(settled, owned, "... which woke its watcher");
+		ok(while_doubling > 16, "(%d of those %d rounds ran during the doubling)",
+		   while_doubling, N);
+	}
+
+	res_reset(&r);
+	stored_response_unref(resp);
+	store_free(s);
+	event_base_free(b);
+}
+
+/*
+ * At the bound, a claim sweeps a bounded batch from a cursor, not the whole
+ * table (before: 20,000 records looked at per refused claim, all under the
+ * store's lock). Expired records are still never served, and claims alone
+ * reclaim every one of them over time; the sweep timer does too.
+ */
+static void test_bound(void)
+{
+	enum { N = 20000, TRIES = 200 };
+	struct event_base *b = event_base_new();
+	struct store *s;
+	struct store_memory_stats st;
+	struct res r = { 0 };
+	struct store_claim c;
+	char key[32];
+	size_t one, cap, records_bound, longest;
+	int won = 0, full = 0, i;
+
+	/* learn what one record takes (keys of one length: one size) */
+	s = store_memory_new(BIG, fake_clock);
+	c = mkclaim("b-00000", 1, 1000, 1000);
+	is_int(do_claim(s, b, &c, &r, "bound: probe"), STORE_WON, "probe WON");
+	one = store_memory_bytes(s);
+	store_free(s);
+
+	cap = one * N + one / 2;
+	s = store_memory_new(cap, fake_clock);
+	/* even keys live 1 s (lease = ttl), odd keys 100 s */
+	for (i = 0; i < N; i++) {
+		snprintf(key, sizeof(key), "b-%05d", i);
+		won += claim_quiet(s, b, key, 1, i % 2 ? 100000 : 1000, &r) ==
+		       STORE_WON;
+	}
+	is_int(won, N, "%d records fill the store", N);
+	store_memory_stats(s, &st);	/* forget the filling's work */
+	for (i = 0; i < TRIES; i++) {
+		snprintf(key, sizeof(key), "x-%05d", i);
+		full += claim_quiet(s, b, key, 1, 100000, &r) == STORE_FULL;
+	}
+	is_int(full, TRIES, "at the bound, nothing expired: %d new keys FULL",
+	       TRIES);
+	store_memory_stats(s, &st);
+	/* a batch ends after the slot (up to 3 buckets) in which it reached
+	 * its limit; the doubling's share may come on top */
+	longest = store_memory_longest_chain(s);
+	records_bound = STORE_MEMORY_SWEEP_RECORDS +
+		(3 + STORE_MEMORY_MOVE_BUCKETS) * longest;
+	ok(st.op_buckets_max <= STORE_MEMORY_SWEEP_BUCKETS + 2 +
+	   STORE_MEMORY_MOVE_BUCKETS,
+	   "each refused claim looked at %zu buckets at most (of %zu)",
+	   st.op_buckets_max, st.nbuckets);
+	ok(st.op_records_max <= records_bound && st.op_records_max < N / 50,
+	   "and at %zu records at most (bound %zu; the table holds %d)",
+	   st.op_records_max, records_bound, N);
+
+	/* the even half expires; no sweep has run */
+	advance(1000);
+	c = mkclaim("b-00000", 2, 100000, 100000);
+	is_int(do_claim(s, b, &c, &r, "bound: expired, not swept"), STORE_WON,
+	       "an expired record no sweep reached is not served: another "
+	       "fingerprint WINS (no mismatch)");
+	{
+		struct store_key k = mkkey("", "b-00002");
+		struct res w = { 0 };
+
+		(void)store_watch(s, b, &k, on_result, &w);
+		drain(b);
+		is_int(atomic_load(&w.calls), 1,
+		       "watching an expired record no sweep reached: SETTLED at once");
+		res_reset(&w);
+	}
+
+	/* claims alone reclaim every expired record, a batch at a time: the
+	 * store fills up again exactly when all N/2 are reused */
+	won = 1;	/* b-00000 above */
+	for (i = 0; i < 2 * N; i++) {
+		snprintf(key, sizeof(key), "n-%05d", i);
+		if (claim_quiet(s, b, key, 1, 100000, &r) != STORE_WON)
+			break;
+		won++;
+	}
+	is_int(r.status, STORE_FULL, "then FULL again");
+	is_int(won, N / 2, "after %d new records took the room of the %d expired",
+	       won, N / 2);
+	store_memory_stats(s, &st);
+	is_int(st.count, N, "%d records, none expired left", N);
+	ok(store_memory_bytes(s) <= cap, "within the bound");
+	ok(st.op_records_max <= STORE_MEMORY_SWEEP_RECORDS +
+	   (3 + STORE_MEMORY_MOVE_BUCKETS) * store_memory_longest_chain(s),
+	   "each of those claims looked at %zu records at most", st.op_records_max);
+
+	/* the sweep timer reclaims the rest, a bounded batch per call */
+	advance(100000);
+	for (i = 0; i < 64 && store_memory_count(s) > 0; i++) {
+		store_sweep(s, b);
+		drain(b);
+	}
+	is_int(store_memory_count(s), 0, "the sweep timer took the rest (%d batches)",
+	       i);
+	is_int(store_memory_bytes(s), 0, "bytes back to 0");
+
+	res_reset(&r);
+	store_free(s);
+	event_base_free(b);
+}
+
 static void test_misc(void)
 {
 	char o1[STORE_OWNER_LEN + 1], o2[STORE_OWNER_LEN + 1];
@@ -1064,6 +1422,9 @@ int main(void)
 	test_threads();
 	test_cancel();
 	test_cap();
+	test_flood();
+	test_doubling();
+	test_bound();
 	test_misc();
 	return tap_done();
 }
