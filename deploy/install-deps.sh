@@ -11,6 +11,7 @@ PACKAGES="
   postgresql redis-server nginx wrk
   python3 python3-pytest python3-yaml
   curl procps ca-certificates
+  clang libclang-rt-14-dev
 "
 
 missing=""

@@ -33,5 +33,20 @@ meson test -C "$BUILD" --print-errorlogs --num-processes 2 || status=$?
 IDEMPROXY_BIN="$(cd "$BUILD" && pwd)/proxy/idemproxy" tests/soak/run.sh 60 ||
   status=1
 
-/usr/bin/python3 tests/support/summary.py "$BUILD/meson-logs/testlog.json" || status=1
+# The fuzzers (tests/fuzz, docs/fuzzing.md): a short run of each harness
+# from its seeds and regression inputs (IDEMPROXY_FUZZ_SECONDS, default 5),
+# one at a time, in a clang build of their own; counted in the summary.
+FUZZ_BUILD=${IDEMPROXY_FUZZ_BUILD:-build-fuzz}
+logs="$BUILD/meson-logs/all-testlog.json"
+cp "$BUILD/meson-logs/testlog.json" "$logs"
+if IDEMPROXY_FUZZ_BUILD="$FUZZ_BUILD" tests/fuzz/run.sh --setup; then
+  meson test -C "$FUZZ_BUILD" --suite fuzz --no-rebuild --print-errorlogs \
+    --num-processes 1 || status=1
+  cat "$FUZZ_BUILD/meson-logs/testlog.json" >> "$logs"
+else
+  echo '{"name": "fuzz: build", "result": "FAIL"}' >> "$logs"
+  status=1
+fi
+
+/usr/bin/python3 tests/support/summary.py "$logs" || status=1
 exit $status

@@ -1,0 +1,27 @@
+/*
+ * fuzz.h - what the libFuzzer harnesses of tests/fuzz share: the entry
+ * points libFuzzer calls, and a check that turns a broken invariant into a
+ * crash libFuzzer reports (with the input that broke it).
+ */
+#ifndef IDEMPROXY_FUZZ_H
+#define IDEMPROXY_FUZZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* An invariant of the code under test; abort() is a finding. */
+#define FUZZ_REQUIRE(cond)                                                  \
+	do {                                                                \
+		if (!(cond)) {                                              \
+			fprintf(stderr, "%s:%d: invariant broken: %s\n",     \
+				__FILE__, __LINE__, #cond);                 \
+			abort();                                            \
+		}                                                           \
+	} while (0)
+
+#endif

@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""Write the seed corpora of tests/fuzz/corpus/TARGET (run from anywhere).
+
+The seeds come from the tests: every raw request the integration tests send
+as bytes (tests/integration/*.py), requests built with their own
+build_request() for the scenarios of test_routes.py against the routes of
+fuzz_request.c, the config files of test_routes.py and of the docs' INI
+examples, the values of the unit tests; plus hand-written edge cases. A
+file whose name starts with crash- is a regression input (a finding, kept)
+and is never written or removed here.
+
+    tests/fuzz/seeds.py          rewrite the generated seeds
+"""
+import ast
+import hashlib
+import hmac
+import json
+import os
+import re
+import sys
+
+sys.dont_write_bytecode = True
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+from support.http import build_request  # noqa: E402
+
+# fuzz_request.c's and fuzz_verify.c's secrets
+HOOK_SECRET = b"s3cret"
+STRIPE_SECRET = b"whsec_fuzz"
+VERIFY_SECRET = b"whsec_fuzz_secret"
+VERIFY_NOW = 1700000000
+METHODS = rb"(GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS|TRACE|CONNECT|PRI|X)"
+
+
+def constants(path):
+    """Bytes and str constants of a Python file, concatenations evaluated."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (bytes, str)):
+            out.append(node.value)
+        elif isinstance(node, ast.BinOp) and all(
+                isinstance(n, (ast.BinOp, ast.Constant, ast.operator))
+                for n in ast.walk(node)):
+            try:
+                v = eval(compile(ast.Expression(node), path, "eval"), {})
+            except Exception:
+                continue
+            if isinstance(v, (bytes, str)):
+                out.append(v)
+    return out
+
+
+def test_files():
+    d = os.path.join(ROOT, "tests", "integration")
+    return [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.endswith(".py")]
+
+
+def gh_sig(body, secret=HOOK_SECRET):
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def st_sig(body, t, secret=STRIPE_SECRET):
+    mac = hmac.new(secret, f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={'0' * 64},v1={mac}"
+
+
+def req(method, target, headers=None, body=None, **kw):
+    return build_request(method, target, headers, body, **kw)
+
+
+def request_seeds():
+    seeds = {}
+    # the raw requests of the integration tests
+    for path in test_files():
+        for v in constants(path):
+            if isinstance(v, bytes) and re.match(METHODS + rb" \S* HTTP/", v):
+                seeds["it-" + hashlib.sha1(v).hexdigest()[:12]] = v
+    form = "application/x-www-form-urlencoded"
+    js = "application/json"
+    jbody = json.dumps({"data": {"id": "ord-42"}, "amount": 5}).encode()
+    hook = b'{"action":"opened","number":1}'
+    stripe = b'{"id":"evt_1","type":"charge.succeeded"}'
+    built = {
+        # test_routes.py's scenarios against fuzz_request.c's routes
+        "json-key": req("POST", "/pay/json", [("Content-Type", js)], jbody),
+        "json-int-key": req("POST", "/pay/json/v2",
+                            [("Content-Type", "application/problem+json")],
+                            b'{"data":{"id":12345}}'),
+        "json-no-key": req("POST", "/pay/json", [("Content-Type", js)], b"{}"),
+        "form-key": req("POST", "/pay/form", [("Content-Type", form)],
+                        b"out_trade_no=T%2B1001&total=5+00"),
+        "form-wrong-type": req("POST", "/pay/form", [("Content-Type", "text/plain")],
+                               b"out_trade_no=T1"),
+        "query-key": req("POST", "/q?k=abc%20def&x=1", None, b"x"),
+        "auto-key": req("PUT", "/legacy/orders", [("Content-Type", form)], b"a=1"),
+        "scoped": req("PATCH", "/mine/cart", [("Authorization", "Bearer u1"),
+                                             ("Idempotency-Key", "k-1")], b"{}"),
+        "github": req("POST", "/hooks/github",
+                      [("X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+                       ("X-Hub-Signature-256", gh_sig(hook)),
+                       ("Content-Type", js)], hook),
+        "github-bad-sig": req("POST", "/hooks/github",
+                              [("X-GitHub-Delivery", "d-2"),
+                               ("X-Hub-Signature-256", "sha256=" + "0" * 64)], hook),
+        "stripe": req("POST", "/hooks/stripe",
+                      [("Stripe-Signature", st_sig(stripe, VERIFY_NOW)),
+                       ("Content-Type", js)], stripe),
+        "issued-get": req("GET", "/.well-known/idempotency-key"),
+        "issued-use": req("POST", "/orders", [("Idempotency-Key",
+                                               "AAAAAAAAAAAAAAAAAAAAAA.1700000000")],
+                          b"{}"),
+        "global-header-key": req("POST", "/anything", [("Idempotency-Key",
+                                                        '"quoted \\"key\\""')], b"x"),
+        "global-two-keys": req("POST", "/anything", [("Idempotency-Key", "a"),
+                                                     ("Idempotency-Key", "b")], b""),
+        "expect-100": req("POST", "/pay/json", [("Content-Type", js),
+                                                ("Expect", "100-continue")], jbody),
+        "free": req("DELETE", "/free/x"),
+        "http10-keepalive": req("POST", "/anything", [("Connection", "keep-alive"),
+                                                      ("Idempotency-Key", "k")],
+                                b"ab", version="HTTP/1.0", host=None),
+        "absolute-form": req("GET", "http://example.test/a//b/%7Euser;p=1/?x=1"),
+        "options-star": req("OPTIONS", "*"),
+        "dot-segments": req("POST", "/pay/%2e%2E/json", [("Idempotency-Key", "k")], b""),
+        "encoded-slash": req("POST", "/pay%2Fjson", [("Idempotency-Key", "k")], b""),
+        "connection-options": req("GET", "/", [("Connection", "close, X-Drop"),
+                                               ("X-Drop", "1"), ("TE", "trailers"),
+                                               ("X-Forwarded-For", "10.0.0.1")]),
+        "chunked-keyed": (b"POST /pay/json HTTP/1.1\r\nHost: a\r\n"
+                          b"Content-Type: application/json\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n"
+                          b"5\r\n{\"dat\r\n11;ext=1\r\na\":{\"id\":\"c-1\"}}\r\n"
+                          b"0\r\nX-Trailer: t\r\n\r\n"),
+        "chunked-pass": (b"PUT /free/up HTTP/1.1\r\nHost: a\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n"
+                         b"3\r\nabc\r\n0\r\n\r\n"
+                         b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n"),
+    }
+    pipelined = b"".join([built["json-key"], built["form-key"], built["free"],
+                          req("GET", "/", [("Connection", "close")])])
+    built["pipelined"] = pipelined
+    seeds.update(built)
+    return seeds
+
+
+def response_seeds():
+    # flag byte (fuzz_response.c): 1 HEAD, 2 HTTP/1.0 client, 4 pause,
+    # 8 fresh connection, 16 client closes, 32 scoped
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\":1}\n"
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+               b"Set-Cookie: s=1\r\n\r\n4\r\nabcd\r\n3;x=y\r\nefg\r\n0\r\nT: 1\r\n\r\n")
+    return {
+        "cl": b"\x00" + ok,
+        "cl-pipelined-extra": b"\x00" + ok + b"HTTP/1.1 200 OK\r\n",
+        "chunked": b"\x00" + chunked,
+        "chunked-http10-client": b"\x02" + chunked,
+        "chunked-paused": b"\x04" + chunked,
+        "scoped-cookie": b"\x20" + chunked,
+        "eof-body": b"\x08HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil the end",
+        "http10-upstream": b"\x08HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        "no-content": b"\x00HTTP/1.1 204 No Content\r\nX-A: b\r\n\r\n",
+        "not-modified": b"\x00HTTP/1.1 304 Not Modified\r\nContent-Length: 99\r\nETag: \"x\"\r\n\r\n",
+        "head": b"\x01HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n",
+        "continue": b"\x00HTTP/1.1 100 Continue\r\n\r\n" + ok,
+        "early-hints": b"\x00HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n" + chunked,
+        "connection-close": b"\x10HTTP/1.1 500 Internal Server Error\r\nConnection: close, X-Hop\r\n"
+                            b"X-Hop: 1\r\nKeep-Alive: timeout=5\r\nContent-Length: 3\r\n\r\nerr",
+        "short-body": b"\x00HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial",
+        "switching": b"\x00HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n",
+        "gzip-te": b"\x00HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx",
+    }
+
+
+def keysrc_seeds():
+    # selector byte: 0 query, 1 form, 2 json; | 4 with a key_prefix
+    return {
+        "query": b"\x00k\n/q?k=abc%20def&x=1#frag",
+        "query-plus": b"\x04idempotency_key\n/p?a&idempotency_key=a+b%41",
+        "form": b"\x01out_trade_no\nout_trade_no=T%2B1001&total_fee=100",
+        "form-no-eq": b"\x01out_trade_no\nfoo=1&out_trade_no&bar",
+        "json": b'\x02/data/id\n{"data":{"id":"ord-42"},"amount":5}',
+        "json-int": b'\x06/data/id\n{"data":{"id":-12345678901234}}',
+        "json-escape": b'\x02/a~1b/m~0n\n{"a/b":{"m~n":"k\\u00e9y"}}',
+        "json-array": b'\x02/items/0/id\n{"items":[{"id":"x"}]}',
+        "json-root": b'\x02\n"whole"',
+        "json-float": b'\x02/id\n{"id":1.0}',
+    }
+
+
+def idemkey_seeds():
+    return {
+        "bare": b"8e03978e-40d5-43e8-bc93-6894a57f9324",
+        "quoted": b'"abc"',
+        "escapes": b'  "a\\"b\\\\c"\t',
+        "issued": b"AAAAAAAAAAAAAAAAAAAAAA.1700000000",
+        "long": b"k" * 255,
+        "too-long": b"k" * 256,
+        "inner-space": b'"a b"',
+        "utf8": "\u00e9t\u00e9".encode(),
+    }
+
+
+def verify_seeds():
+    body = b'{"action":"opened","number":1}'
+    mac = hmac.new(VERIFY_SECRET, body, hashlib.sha256).hexdigest()
+    t = VERIFY_NOW - 10
+    smac = hmac.new(VERIFY_SECRET, f"{t}.".encode() + body, hashlib.sha256).hexdigest()
+    return {
+        "github": b"\x00sha256=" + mac.encode() + b"\n" + body,
+        "github-upper": b"\x00SHA256=" + mac.upper().encode() + b"\n" + body,
+        "stripe": f"\x01t={t}, v1={'0' * 64},v1={smac}\n".encode() + body,
+        "stripe-old": f"\x01t={t - 1000},v1={smac}\n".encode() + body,
+        "stripe-no-t": f"\x01v1={smac}\n".encode() + body,
+    }
+
+
+def config_seeds():
+    seeds = {}
+    path = os.path.join(ROOT, "tests", "integration", "test_routes.py")
+    for v in constants(path):
+        if isinstance(v, str) and ("[route" in v or "[idemproxy]" in v):
+            seeds["it-" + hashlib.sha1(v.encode()).hexdigest()[:12]] = v.encode()
+    for doc in ("configuration.md", "recipes.md", "deploy.md", "operations.md"):
+        text = open(os.path.join(ROOT, "docs", doc), encoding="utf-8").read()
+        for block in re.findall(r"```ini\n(.*?)```", text, re.S):
+            seeds["doc-" + hashlib.sha1(block.encode()).hexdigest()[:12]] = block.encode()
+    seeds["all-keys"] = (
+        "\ufeff[idemproxy]\n  store = postgres://u:p%40ss@db/x?password=q&sslmode=require\n"
+        "redis = redis://127.0.0.1:6379/2\nmethods = POST, PATCH,PUT\n"
+        "in_flight = reject\nttl = 24h\nlease = 60s\nmax_body = 1MiB\n"
+        "log_level = debug\nlog_format = json\n; comment\n# comment\n"
+        "[route a]\nmatch = * /a*\nkey = header:X-Key\nkey_prefix = a:\n"
+        "require_key = yes\nin_flight = wait\nwait_timeout = 5s\nttl = 1h\n"
+        "lease = 30s\nmax_body = 1KiB\nmax_cached_response = 2KiB\n"
+        "on_upstream_error = keep\nstore_down = fail-open\nscope = header:Authorization\n"
+        "verify = hmac-sha256\nverify_format = stripe\nverify_header = Stripe-Signature\n"
+        "verify_secret_env = STRIPE_SECRET\nverify_tolerance = 5m\n"
+        "require_issued_key = yes\nissued_key_ttl = 10m\n"
+        "[route  b c]\nmatch = GET,POST /b\nkey = none\n").encode()
+    return seeds
+
+
+def setting_seeds():
+    # option selector byte (fuzz_setting.c's table), source byte, value
+    names = ["listen", "upstream", "store", "redis", "admin-listen", "workers",
+             "key-header", "methods", "require-key", "in-flight", "wait-timeout",
+             "ttl", "lease", "upstream-timeout", "max-body", "max-cached-response",
+             "store-down", "on-upstream-error", "drain-timeout", "sweep-interval",
+             "log-level", "log-format", "client-timeout", "idle-timeout",
+             "max-header-size", "max-connections", "issued-key-ttl",
+             "memory-max-bytes", "max-buffered", "store-connections",
+             "response-cache"]
+    values = {
+        "listen": ["127.0.0.1:8080", "[::1]:0", "localhost:08080"],
+        "upstream": ["http://127.0.0.1:9000/base/", "http://[::1]:80"],
+        "store": ["memory", "postgres://user:secret@db:5432/idem?sslmode=disable",
+                  "postgresql://h/d?password='a\\'b' x"],
+        "redis": ["redis://127.0.0.1:6379/3"],
+        "methods": ["POST,PATCH", " PUT , DELETE"],
+        "require-key": ["yes", "OFF"],
+        "in-flight": ["wait", "reject"],
+        "ttl": ["24h", "1500ms"],
+        "max-body": ["1MiB", "4096"],
+        "log-level": ["warn"],
+        "workers": ["4"],
+        "key-header": ["Idempotency-Key"],
+        "store-down": ["fail-open"],
+        "on-upstream-error": ["keep"],
+    }
+    seeds = {}
+    for i, name in enumerate(names):
+        for j, v in enumerate(values.get(name, [])):
+            seeds[f"{name}-{j}"] = bytes([i, j & 1]) + v.encode()
+    return seeds
+
+
+def write(target, seeds):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        if not f.startswith("crash-"):
+            os.remove(os.path.join(d, f))
+    for name, data in sorted(seeds.items()):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+    print(f"corpus/{target}: {len(seeds)} seeds")
+
+
+def main():
+    write("request", request_seeds())
+    write("response", response_seeds())
+    write("keysrc", keysrc_seeds())
+    write("idemkey", idemkey_seeds())
+    write("verify", verify_seeds())
+    write("config", config_seeds())
+    write("setting", setting_seeds())
+
+
+if __name__ == "__main__":
+    main()
