@@ -515,8 +515,8 @@ if [[ $PG == 1 ]]; then
 		encode(headers, 'hex'), encode(body, 'hex'), encode(fingerprint, 'hex')
 		FROM idempotency_keys WHERE key = 'pgbench-sample' AND state = 'completed'")
 	[[ -n ${ST_BODY:-} ]] || die "idemproxy stored no sample row"
-	"$PYTHON" "$HERE/pgbench_claim.py" "$ROOT/common/store_pg.c" >"$TMP/claim.sql"
-	"$PYTHON" "$HERE/pgbench_claim.py" --no-notify "$ROOT/common/store_pg.c" \
+	"$PYTHON" "$HERE/pgbench_claim.py" "$ROOT/common/store/store_pg.c" >"$TMP/claim.sql"
+	"$PYTHON" "$HERE/pgbench_claim.py" --no-notify "$ROOT/common/store/store_pg.c" \
 		>"$TMP/claim-nonotify.sql"
 	echo "stored:    status $ST_STATUS, head $(( ${#ST_HEADERS} / 2 )) B, body $(( ${#ST_BODY} / 2 )) B per key (pgbench writes the same)"
 fi

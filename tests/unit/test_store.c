@@ -1,5 +1,5 @@
 /*
- * The memory store through the store.h interface (common/store_memory.c):
+ * The memory store through the store.h interface (common/store/store_memory.c):
  * every branch of the claim table, fencing, expiry, wake-ups (same thread,
  * other threads, lease timeout), cancellation, the byte cap and the sweep;
  * the table under load: keys chosen to collide, doubling while in use,

@@ -1,5 +1,5 @@
 /*
- * The Redis fast path (common/store_redis.c) over the memory store, against
+ * The Redis fast path (common/store/store_redis.c) over the memory store, against
  * a private redis-server started here on a free 127.0.0.1 port in a temp dir
  * (exit 77, skip, when redis-server is missing).
  *
