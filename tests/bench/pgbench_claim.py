@@ -58,7 +58,7 @@ def main():
     no_notify = "--no-notify" in args
     args = [a for a in args if a != "--no-notify"]
     path = args[0] if args else \
-        os.path.join(here, "..", "..", "common", "store_pg.c")
+        os.path.join(here, "..", "..", "common", "store", "store_pg.c")
     with open(path) as f:
         src = f.read()
     claim = c_string(src, "store_pg_claim_sql")
