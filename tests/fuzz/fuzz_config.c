@@ -4,8 +4,8 @@
  * route key, as config_parse() reads them from --config FILE.
  *
  * Input: the file's bytes, written to a memfd that --config names
- * (/proc/self/fd/N). Two environment variables hold webhook secrets for
- * verify_secret_env.
+ * (/proc/self/fd/N). Two variables of the process environment (passed as
+ * main.c passes environ) hold webhook secrets for verify_secret_env.
  * Invariants: an error leaves no config and says why; a config that loads
  * reloads (SIGHUP) to the same effective settings (--check-config output);
  * every route's glob matches its own text, and looking that path up finds
@@ -62,6 +62,10 @@ static void check_routes(const struct config *cfg)
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
+	/* as main.c: the process environment, where SIGHUP finds it again */
+	if (setenv("HOOK_SECRET", "s3cret", 1) < 0 ||
+	    setenv("STRIPE_SECRET", "whsec_fuzz", 1) < 0)
+		return -1;
 	memfd = memfd_create("fuzz-config", 0);
 	devnull = fopen("/dev/null", "w");
 	if (memfd < 0 || devnull == NULL)
@@ -74,7 +78,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	char *argv[] = { "idemproxy", "--upstream", "http://127.0.0.1:9",
 			 "--config", path, NULL };
-	char *envp[] = { "HOOK_SECRET=s3cret", "STRIPE_SECRET=whsec_fuzz", NULL };
 	struct config *cfg = NULL, *again;
 	enum config_action action;
 	char err[1024];
@@ -83,7 +86,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (ftruncate(memfd, 0) < 0 ||
 	    pwrite(memfd, data, size, 0) != (ssize_t)size)
 		abort();
-	if (config_parse(5, argv, envp, &cfg, &action, err, sizeof(err)) < 0) {
+	if (config_parse(5, argv, environ, &cfg, &action, err, sizeof(err)) < 0) {
 		FUZZ_REQUIRE(cfg == NULL && err[0] != '\0');
 		return 0;
 	}
@@ -93,6 +96,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	/* SIGHUP with the file unchanged: the same settings */
 	again = config_reload(cfg, err, sizeof(err));
+	if (again == NULL)
+		fprintf(stderr, "reload: %s\n", err);
 	FUZZ_REQUIRE(again != NULL);
 	a = printed(cfg);
 	b = printed(again);

@@ -86,17 +86,6 @@ static const char ini[] =
 
 static struct config *cfg;
 
-/*
- * Known findings, reported and not fixed yet (docs/fuzzing.md): with
- * IDEMPROXY_FUZZ_KNOWN=skip, a connection that hits one ends there, so that
- * a long run can look for others. The regression inputs in the corpus
- * (crash-*) are run without it. Remove an entry once the bug is fixed.
- *   issue-body-read-as-request: GET /.well-known/idempotency-key with a
- *   body is answered without reading the body; on keep-alive its bytes are
- *   parsed as the next request.
- */
-static bool skip_known;
-
 /* One client connection, as far as parsing goes (conn.c's struct conn). */
 struct client {
 	llhttp_t parser;
@@ -533,8 +522,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	char err[512];
 	int fd = mkstemp(path);
 
-	skip_known = getenv("IDEMPROXY_FUZZ_KNOWN") != NULL &&
-		     strcmp(getenv("IDEMPROXY_FUZZ_KNOWN"), "skip") == 0;
 	log_setup(LOG_ERROR, LOG_FORMAT_TEXT);
 	if (fd < 0 || write(fd, ini, sizeof(ini) - 1) != (ssize_t)sizeof(ini) - 1)
 		abort();
