@@ -49,7 +49,7 @@
 enum opt_type {
 	OPT_VALUE,		/* .syn: a value of setting.h's syntax */
 	OPT_HOSTPORT,		/* ADDR:PORT, into a char * and a struct hostport */
-	OPT_URL_UPSTREAM,	/* http://HOST[:PORT][/prefix] */
+	OPT_URL_UPSTREAM,	/* http[s]://HOST[:PORT][/prefix] */
 	OPT_STORE,		/* memory | postgres://... */
 	OPT_REDIS_URL,		/* redis://HOST[:PORT][/DB] */
 	OPT_METHODS,		/* POST,PATCH into a bitmask */
@@ -96,7 +96,7 @@ static const struct config_opt options[] = {
 	  .help = "address for client traffic (IPv4, [IPv6] or a name)" },
 	{ .name = "upstream", .type = OPT_URL_UPSTREAM, .off = F(upstream),
 	  .defdoc = "required", .metavar = "URL", .flags = OPT_RESTART,
-	  .help = "the protected HTTP/1.1 server, http://HOST[:PORT][/PREFIX]; "
+	  .help = "the protected HTTP/1.1 server, http[s]://HOST[:PORT][/PREFIX]; "
 		  "PREFIX is prepended to every request-target" },
 	{ .name = "store", .type = OPT_STORE, .off = F(store), .def = "memory",
 	  .metavar = "memory|postgres://...", .flags = OPT_RESTART,
@@ -212,6 +212,30 @@ static const struct config_opt options[] = {
 	  .flags = OPT_RESTART,
 	  .help = "in-process cache of completed responses in front of "
 		  "PostgreSQL and Redis (0: off)" },
+	{ .name = "tls-cert", .syn = SYNTAX_STRING, .off = F(tls_cert),
+	  .defdoc = "off", .metavar = "FILE",
+	  .help = "PEM certificate (chain allowed): the listener speaks HTTPS; "
+		  "re-read on SIGHUP" },
+	{ .name = "tls-key", .syn = SYNTAX_STRING, .off = F(tls_key),
+	  .defdoc = "off", .metavar = "FILE",
+	  .help = "PEM private key of --tls-cert (not encrypted); re-read on "
+		  "SIGHUP" },
+	{ .name = "tls-ciphers", .syn = SYNTAX_STRING, .off = F(tls_ciphers),
+	  .defdoc = "OpenSSL's default", .metavar = "LIST",
+	  .help = "OpenSSL cipher list for TLS 1.2 clients (TLS 1.3 suites "
+		  "are OpenSSL's)" },
+	{ .name = "upstream-ca", .syn = SYNTAX_STRING, .off = F(upstream_ca),
+	  .defdoc = "the system store", .metavar = "FILE", .flags = OPT_RESTART,
+	  .help = "PEM CA certificates an https upstream is verified against" },
+	{ .name = "upstream-client-cert", .syn = SYNTAX_STRING,
+	  .off = F(upstream_client_cert), .defdoc = "none", .metavar = "FILE",
+	  .flags = OPT_RESTART,
+	  .help = "PEM certificate (chain allowed) shown to an https upstream "
+		  "that asks for one (mutual TLS)" },
+	{ .name = "upstream-client-key", .syn = SYNTAX_STRING,
+	  .off = F(upstream_client_key), .defdoc = "none", .metavar = "FILE",
+	  .flags = OPT_RESTART,
+	  .help = "PEM private key of --upstream-client-cert" },
 };
 
 #define NOPTS (sizeof(options) / sizeof(options[0]))
@@ -348,7 +372,8 @@ static int parse_special(const struct config_opt *o, const char *v,
 		break;
 	case OPT_URL_UPSTREAM:
 		rc = hostport_parse_http_url(v, &c->upstream_hp,
-					     &c->upstream_prefix, err, errlen);
+					     &c->upstream_prefix,
+					     &c->upstream_tls, err, errlen);
 		break;
 	case OPT_REDIS_URL:
 		rc = hostport_parse_redis_url(v, field(c, o->aux), &c->redis_db,
@@ -834,6 +859,29 @@ static int cross_check(const struct config *c, char *err, size_t errlen)
 		snprintf(err, errlen, "--lease (%s) must be longer than "
 			 "--upstream-timeout (%s), or a slow request's claim is "
 			 "taken over while it still runs", a, u);
+		return -1;
+	}
+	if ((c->tls_cert == NULL) != (c->tls_key == NULL)) {
+		snprintf(err, errlen, "--tls-cert and --tls-key go together "
+			 "(%s is missing)", c->tls_cert ? "--tls-key" : "--tls-cert");
+		return -1;
+	}
+	if (c->tls_ciphers != NULL && c->tls_cert == NULL) {
+		snprintf(err, errlen, "--tls-ciphers needs --tls-cert and "
+			 "--tls-key");
+		return -1;
+	}
+	if ((c->upstream_client_cert == NULL) != (c->upstream_client_key == NULL)) {
+		snprintf(err, errlen, "--upstream-client-cert and "
+			 "--upstream-client-key go together (%s is missing)",
+			 c->upstream_client_cert ? "--upstream-client-key" :
+						   "--upstream-client-cert");
+		return -1;
+	}
+	if (!c->upstream_tls && (c->upstream_ca != NULL ||
+				 c->upstream_client_cert != NULL)) {
+		snprintf(err, errlen, "--%s needs an https:// --upstream",
+			 c->upstream_ca ? "upstream-ca" : "upstream-client-cert");
 		return -1;
 	}
 	return 0;

@@ -39,6 +39,7 @@ struct config {
 	struct hostport listen_hp;
 	char *upstream;			/* as given, "http://host:port[/prefix]" */
 	struct hostport upstream_hp;
+	bool upstream_tls;		/* https:// */
 	char *upstream_prefix;		/* "" or "/prefix" without trailing '/' */
 	char *store;			/* "memory" or a postgres:// URL */
 	char *redis;			/* NULL when off */
@@ -76,6 +77,12 @@ struct config {
 	int store_connections;		/* PostgreSQL statement conns per worker */
 	uint64_t max_buffered;		/* keyed bodies buffered, process-wide */
 	uint64_t response_cache;	/* bytes; 0: no in-process cache */
+	char *tls_cert;			/* PEM chain: the listener speaks TLS */
+	char *tls_key;
+	char *tls_ciphers;		/* TLS 1.2 cipher list; NULL: OpenSSL's */
+	char *upstream_ca;		/* PEM CAs; NULL: the system store */
+	char *upstream_client_cert;	/* mutual TLS with the upstream */
+	char *upstream_client_key;
 
 	/* per-request policy: the global one, and [route NAME] sections in
 	 * file order (route.c) */

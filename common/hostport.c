@@ -186,25 +186,21 @@ static char *url_prefix(const char *url, const char *slash, char *err,
 }
 
 int hostport_parse_http_url(const char *url, struct hostport *hp,
-			    char **prefix, char *err, size_t errlen)
+			    char **prefix, bool *tls, char *err, size_t errlen)
 {
 	const char *auth, *slash;
 	char *authority = NULL, *p;
+	bool https = strncasecmp(url, "https://", 8) == 0;
 	char sh[80];
 	int ret = -1;
 
-	if (strncasecmp(url, "https://", 8) == 0) {
-		snprintf(err, errlen, "https upstreams are not supported "
-			 "(idemproxy speaks plain HTTP/1.1 to its upstream; "
-			 "use the app's plain-HTTP port)");
-		goto fail;
-	}
-	if (strncasecmp(url, "http://", 7) != 0) {
+	if (!https && strncasecmp(url, "http://", 7) != 0) {
 		snprintf(err, errlen, "invalid URL \"%s\" (expected "
-			 "http://HOST[:PORT][/PREFIX])", setting_shown(url, sh, sizeof(sh)));
+			 "http[s]://HOST[:PORT][/PREFIX])",
+			 setting_shown(url, sh, sizeof(sh)));
 		goto fail;
 	}
-	auth = url + 7;
+	auth = url + (https ? 8 : 7);
 	if (strpbrk(auth, "?#") != NULL) {
 		snprintf(err, errlen, "invalid URL \"%s\" (no query or fragment "
 			 "allowed)", setting_shown(url, sh, sizeof(sh)));
@@ -222,13 +218,15 @@ int hostport_parse_http_url(const char *url, struct hostport *hp,
 			 "missing host" : "no user info allowed");
 		goto fail;
 	}
-	if (hostport_parse(authority, "80", 1, hp, err, errlen) < 0)
+	if (hostport_parse(authority, https ? "443" : "80", 1, hp, err,
+			   errlen) < 0)
 		goto fail;
 	p = url_prefix(url, slash, err, errlen);
 	if (p == NULL)
 		goto fail;
 	free(*prefix);
 	*prefix = p;
+	*tls = https;
 	ret = 0;
 fail:
 	free(authority);

@@ -6,6 +6,7 @@
 #ifndef IDEMPROXY_HOSTPORT_H
 #define IDEMPROXY_HOSTPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "compiler.h"
@@ -25,10 +26,12 @@ struct hostport {
 int hostport_parse(const char *s, const char *defport, int min_port,
 		   struct hostport *hp, char *err, size_t errlen) MUSTCHECK;
 
-/* http://HOST[:PORT][/PREFIX] into hp and *prefix ("" or "/prefix" without
- * a trailing '/', allocated). Neither https, user info, query nor fragment. */
+/* http[s]://HOST[:PORT][/PREFIX] into hp, *prefix ("" or "/prefix" without
+ * a trailing '/', allocated) and *tls (https; the port defaults to 443).
+ * Neither user info, query nor fragment. */
 int hostport_parse_http_url(const char *url, struct hostport *hp,
-			    char **prefix, char *err, size_t errlen) MUSTCHECK;
+			    char **prefix, bool *tls, char *err,
+			    size_t errlen) MUSTCHECK;
 
 /* redis://HOST[:PORT][/DB] into hp and *db (0 when none). */
 int hostport_parse_redis_url(const char *url, struct hostport *hp, int *db,

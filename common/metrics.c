@@ -22,6 +22,7 @@ static struct {
 	atomic_ulong outcomes[OUTCOME_COUNT];
 	atomic_ulong client_errors[CLIENT_ERROR_COUNT];
 	atomic_ulong upstream_errors[UPSTREAM_ERROR_COUNT];
+	atomic_ulong tls_errors[TLS_ERROR_COUNT];
 	atomic_long gauges[GAUGE_COUNT];
 	atomic_ulong counters[COUNTER_COUNT];
 	atomic_ulong store_errors[STORE_KIND_COUNT];
@@ -68,6 +69,12 @@ static const char *const upstream_error_names[] = {
 #undef X
 };
 
+static const char *const tls_error_names[] = {
+#define X(name, label) label,
+	TLS_ERROR_LIST(X)
+#undef X
+};
+
 static const struct {
 	const char *name, *help;
 } gauges[] = {
@@ -89,6 +96,11 @@ void metrics_client_error(enum client_error e)
 void metrics_upstream_error(enum upstream_error e)
 {
 	atomic_fetch_add_explicit(&m.upstream_errors[e], 1, memory_order_relaxed);
+}
+
+void metrics_tls_error(enum tls_error e)
+{
+	atomic_fetch_add_explicit(&m.tls_errors[e], 1, memory_order_relaxed);
 }
 
 void metrics_gauge_add(enum gauge g, long delta)
@@ -166,6 +178,13 @@ void metrics_render(FILE *out)
 	for (int i = 0; i < UPSTREAM_ERROR_COUNT; i++)
 		fprintf(out, "idemproxy_upstream_errors_total{cause=\"%s\"} %lu\n",
 			upstream_error_names[i], load(&m.upstream_errors[i]));
+
+	fprintf(out, "# HELP idemproxy_tls_handshake_errors_total Client TLS "
+		"handshakes that failed, by reason.\n"
+		"# TYPE idemproxy_tls_handshake_errors_total counter\n");
+	for (int i = 0; i < TLS_ERROR_COUNT; i++)
+		fprintf(out, "idemproxy_tls_handshake_errors_total{reason=\"%s\"} "
+			"%lu\n", tls_error_names[i], load(&m.tls_errors[i]));
 
 	for (int i = 0; i < GAUGE_COUNT; i++)
 		fprintf(out, "# HELP idemproxy_%s %s\n# TYPE idemproxy_%s gauge\n"

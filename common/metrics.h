@@ -52,13 +52,28 @@ enum client_error {
 	X(CONNECT,  "connect") \
 	X(TIMEOUT,  "timeout") \
 	X(RESET,    "reset") \
-	X(PROTOCOL, "protocol")
+	X(PROTOCOL, "protocol") \
+	X(TLS,      "tls")
 
 enum upstream_error {
 #define X(name, label) UPSTREAM_ERROR_##name,
 	UPSTREAM_ERROR_LIST(X)
 #undef X
 	UPSTREAM_ERROR_COUNT
+};
+
+/* Why a client's TLS handshake failed (tls.c). */
+#define TLS_ERROR_LIST(X) \
+	X(PLAIN_HTTP, "plain_http") \
+	X(TIMEOUT,    "timeout") \
+	X(EOF,        "eof") \
+	X(PROTOCOL,   "protocol")
+
+enum tls_error {
+#define X(name, label) TLS_ERROR_##name,
+	TLS_ERROR_LIST(X)
+#undef X
+	TLS_ERROR_COUNT
 };
 
 /* Gauges: name, help. */
@@ -76,7 +91,11 @@ enum upstream_error {
 	X(response_cache_hits_total, "Replays answered from the in-process response cache.") \
 	X(completion_retries_total, "Completion or release writes retried after a store error.") \
 	X(completion_failures_total, "Completions or releases given up; the lease resolves the key.") \
-	X(sweep_deleted_total,     "Expired records deleted by the sweeper.")
+	X(sweep_deleted_total,     "Expired records deleted by the sweeper.") \
+	X(tls_handshakes_total,    "Client TLS handshakes completed.") \
+	X(tls_resumed_total,       "Client TLS handshakes that resumed a session.") \
+	X(upstream_tls_handshakes_total, "TLS handshakes with the upstream completed.") \
+	X(upstream_tls_resumed_total, "TLS handshakes with the upstream that resumed a session.")
 
 enum counter {
 #define X(name, help) COUNTER_##name,
@@ -120,6 +139,7 @@ enum gauge {
 void metrics_outcome(enum outcome o);
 void metrics_client_error(enum client_error e);
 void metrics_upstream_error(enum upstream_error e);
+void metrics_tls_error(enum tls_error e);
 void metrics_gauge_add(enum gauge g, long delta);
 void metrics_count(enum counter c);
 void metrics_count_n(enum counter c, unsigned long n);

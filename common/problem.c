@@ -36,6 +36,10 @@ enum problem problem_upstream(enum upstream_error err, const char **detail)
 		*detail = "the upstream did not answer in time";
 		return PROBLEM_UPSTREAM_TIMEOUT;
 	}
+	if (err == UPSTREAM_ERROR_TLS) {
+		*detail = "TLS with the upstream failed (the proxy's log says why)";
+		return PROBLEM_UPSTREAM_TLS;
+	}
 	*detail = "the upstream connection failed";
 	return PROBLEM_UPSTREAM_UNAVAILABLE;
 }

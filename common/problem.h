@@ -24,6 +24,7 @@
 	X(NOT_IMPLEMENTED,       501, "not-implemented",          "Not Implemented") \
 	X(TOO_MANY_REQUESTS,     429, "too-many-requests",        "Too Many Requests") \
 	X(UPSTREAM_UNAVAILABLE,  502, "upstream-unavailable",     "Bad Gateway") \
+	X(UPSTREAM_TLS,          502, "upstream-tls",             "Bad Gateway") \
 	X(SERVER_BUSY,           503, "server-busy",              "Server Busy") \
 	X(STORE_UNAVAILABLE,     503, "store-unavailable",        "Idempotency Store Unavailable") \
 	X(UPSTREAM_TIMEOUT,      504, "upstream-timeout",         "Gateway Timeout")

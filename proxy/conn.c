@@ -58,8 +58,12 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/bufferevent_struct.h>
+#include <event2/bufferevent_struct.h>
 #include <event2/event.h>
 #include <llhttp.h>
+#include <openssl/ssl.h>
 
 #include "clock.h"
 #include "config.h"
@@ -72,6 +76,7 @@
 #include "reply.h"
 #include "reqhead.h"
 #include "store.h"
+#include "tls.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -207,6 +212,49 @@ bool conn_upstream_error(struct conn *c, enum upstream_error err)
 	return write_problem(c, p, detail, false);
 }
 
+/* ---- reading --------------------------------------------------------- */
+
+/*
+ * libevent's OpenSSL bufferevent stops reading at the read high watermark
+ * (CONN_READ_HIGH) with decrypted bytes possibly still inside OpenSSL (it
+ * reads whole records), and when the watermark lifts it waits for the
+ * socket - which stays quiet when the client has sent everything and waits
+ * for answers (pipelined requests). So whenever reading may go on, bytes
+ * OpenSSL holds are pulled by running the bufferevent's read event once,
+ * on the next loop turn.
+ */
+static void tls_pump_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+
+	if (c->state != CONN_ST_CLOSED &&
+	    (bufferevent_get_enabled(c->bev) & EV_READ) &&
+	    evbuffer_get_length(bufferevent_get_input(c->bev)) < CONN_READ_HIGH &&
+	    SSL_pending(c->ssl) > 0)
+		event_active(&c->bev->ev_read, EV_READ, 1);
+}
+
+static void tls_pump_later(struct conn *c)
+{
+	if (c->ssl != NULL && SSL_pending(c->ssl) > 0)
+		event_active(c->tls_pump, EV_TIMEOUT, 1);
+}
+
+/* Input was consumed: the watermark may have lifted. */
+static void input_changed(struct evbuffer *buf,
+			  const struct evbuffer_cb_info *info, void *arg)
+{
+	if (info->n_deleted > 0)
+		tls_pump_later(arg);
+}
+
+/* Read from the client again (after a pause, or for the next request). */
+static void conn_read_on(struct conn *c)
+{
+	bufferevent_enable(c->bev, EV_READ);
+	tls_pump_later(c);
+}
+
 /* ---- lifecycle --------------------------------------------------------- */
 
 /* Return a connection whose output has drained to the closed state: shut
@@ -218,6 +266,7 @@ static void start_linger(struct conn *c)
 	evutil_socket_t fd = bufferevent_getfd(c->bev);
 
 	conn_set_state(c, CONN_ST_LINGER);
+	tls_close_notify(c->ssl);	/* the response is whole: say so */
 	if (shutdown(fd, SHUT_WR) < 0) {
 		conn_close(c, "shutdown");
 		return;
@@ -286,6 +335,8 @@ void conn_close(struct conn *c, const char *reason)
 	evtimer_del(c->timer);
 	event_del(c->kick);
 	event_del(c->flush);
+	if (c->tls_pump != NULL)
+		event_del(c->tls_pump);
 	bufferevent_disable(c->bev, EV_READ | EV_WRITE);
 	bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
 	conn_set_state(c, CONN_ST_CLOSED);
@@ -308,6 +359,8 @@ void conn_free(struct conn *c)
 	event_free(c->timer);
 	event_free(c->kick);
 	event_free(c->flush);
+	if (c->tls_pump != NULL)
+		event_free(c->tls_pump);
 	h1_head_free(&c->head);
 	conn_keyed_unreserve(c);
 	if (c->body != NULL)
@@ -364,7 +417,7 @@ void conn_end_request(struct conn *c)
 		return;
 	}
 	conn_set_state(c, CONN_ST_IDLE);
-	bufferevent_enable(c->bev, EV_READ);
+	conn_read_on(c);
 	conn_read_timeout(c, c->w->cfg->idle_timeout_ms);
 	/* Pipelined requests are parsed on the next loop turn (kick_cb), not
 	 * here: we may be deep inside an upstream callback. */
@@ -375,8 +428,10 @@ void conn_end_request(struct conn *c)
 void conn_drain(struct conn *c)
 {
 	c->draining = true;
-	if (c->state == CONN_ST_IDLE)
+	if (c->state == CONN_ST_IDLE) {
+		tls_close_notify(c->ssl);
 		conn_close(c, "draining");
+	}
 }
 
 void conn_abort(struct conn *c)
@@ -396,7 +451,10 @@ static int on_message_begin(llhttp_t *p)
 	c->head.max = c->cfg->max_header_size;
 	tv = clock_tv(c->cfg->client_timeout_ms);
 	conn_read_timeout(c, 0);
-	evtimer_add(c->timer, &tv);
+	if (c->tls == CONN_TLS_FIRST)
+		c->tls = CONN_TLS_OPEN;	/* the deadline set at accept holds */
+	else
+		evtimer_add(c->timer, &tv);
 	return 0;
 }
 
@@ -558,7 +616,8 @@ static int start_exchange(struct conn *c, bool fresh)
 	struct reqhead rh = {
 		.method = c->method,
 		.target = c->fwd,
-		.fields = &c->head.fields, .peer = c->peer, .cfg = c->cfg,
+		.fields = &c->head.fields, .peer = c->peer,
+		.tls = c->ssl != NULL, .cfg = c->cfg,
 		.body = c->req_body, .length = c->req_length,
 	};
 
@@ -586,7 +645,7 @@ static void request_complete(struct conn *c)
 	conn_read_timeout(c, 0);
 	if (cf_has(c, CF(CLIENT_PAUSED))) {
 		cf_clr(c, CF(CLIENT_PAUSED));
-		bufferevent_enable(c->bev, EV_READ);
+		conn_read_on(c);
 	}
 	if (c->up != NULL)
 		upstream_request_sent(c->up);
@@ -862,7 +921,7 @@ static void up_on_drain(void *arg)
 	if (!cf_has(c, CF(CLIENT_PAUSED)))
 		return;
 	cf_clr(c, CF(CLIENT_PAUSED));
-	bufferevent_enable(c->bev, EV_READ);
+	conn_read_on(c);
 	pump_body(c);
 }
 
@@ -873,6 +932,77 @@ static const struct upstream_cbs up_cbs = {
 	.on_error = up_on_error,
 	.on_drain = up_on_drain,
 };
+
+/* ---- TLS ------------------------------------------------------------- */
+
+/* A TLS listener's connection: the bufferevent runs the handshake. */
+static int tls_accept(struct conn *c, struct worker *w, evutil_socket_t fd)
+{
+	SSL *ssl = tls_listener_ssl(w->tls);
+
+	if (ssl == NULL)
+		return -1;
+	c->bev = bufferevent_openssl_socket_new(w->base, fd, ssl,
+						BUFFEREVENT_SSL_ACCEPTING,
+						BEV_OPT_CLOSE_ON_FREE);
+	if (c->bev == NULL) {
+		SSL_free(ssl);
+		return -1;
+	}
+	c->tls_pump = event_new(w->base, -1, 0, tls_pump_cb, c);
+	if (c->tls_pump == NULL ||
+	    evbuffer_add_cb(bufferevent_get_input(c->bev), input_changed,
+			    c) == NULL)
+		return -1;	/* conn_new frees both */
+	/* a client that closes without close_notify has closed, not
+	 * failed: keep-alive clients do it all the time */
+	bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+	c->ssl = ssl;
+	c->tls = CONN_TLS_HANDSHAKE;
+	return 0;
+}
+
+static void tls_established(struct conn *c)
+{
+	c->tls = CONN_TLS_FIRST;
+	metrics_count(COUNTER_tls_handshakes_total);
+	if (SSL_session_reused(c->ssl))
+		metrics_count(COUNTER_tls_resumed_total);
+}
+
+/*
+ * Plain HTTP on the TLS port: tell the client in plain HTTP, as nginx
+ * does, then close. What it sent after the bytes OpenSSL looked at is read
+ * and dropped first, so that the close does not reset the answer away.
+ */
+static void answer_plain_http(struct conn *c)
+{
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	struct reply_conn rc = { true, false };
+	struct evbuffer *out = evbuffer_new();
+	char sink[4096];
+	int n = 16;
+
+	if (out == NULL)
+		return;
+	while (n-- > 0 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
+		;
+	reply_problem(out, PROBLEM_BAD_REQUEST, "this port speaks HTTPS", rc);
+	(void)evbuffer_write(out, fd);
+	evbuffer_free(out);
+}
+
+static void tls_failed(struct conn *c, short what)
+{
+	char why[160];
+	enum tls_error e = tls_handshake_error(c->bev, what, why, sizeof(why));
+
+	metrics_tls_error(e);
+	log_debug("conn %s: TLS handshake failed: %s", c->peer, why);
+	if (e == TLS_ERROR_PLAIN_HTTP)
+		answer_plain_http(c);
+	conn_close(c, "tls handshake failed");
+}
 
 /* ---- client socket callbacks --------------------------------------- */
 
@@ -939,6 +1069,14 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		conn_close(c, "linger done");
 		return;
 	}
+	if (what & BEV_EVENT_CONNECTED) {
+		tls_established(c);
+		return;
+	}
+	if (c->tls == CONN_TLS_HANDSHAKE) {
+		tls_failed(c, what);
+		return;
+	}
 	if (what & BEV_EVENT_TIMEOUT) {
 		if ((what & BEV_EVENT_READING) &&
 		    h1_socket_readable(bufferevent_getfd(bev))) {
@@ -954,6 +1092,8 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 			       "the request body stopped arriving");
 			return;
 		}
+		if (c->state == CONN_ST_IDLE)
+			tls_close_notify(c->ssl);
 		conn_close(c, (what & BEV_EVENT_READING) ? "idle timeout" :
 							  "write timeout");
 		return;
@@ -988,6 +1128,17 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		conn_close(c, "linger timeout");
 		return;
 	}
+	if (c->tls == CONN_TLS_HANDSHAKE) {
+		metrics_tls_error(TLS_ERROR_TIMEOUT);
+		log_debug("conn %s: TLS handshake timed out", c->peer);
+		conn_close(c, "tls handshake timeout");
+		return;
+	}
+	if (c->state == CONN_ST_IDLE && c->tls == CONN_TLS_FIRST) {
+		tls_close_notify(c->ssl);
+		conn_close(c, "no request after the TLS handshake");
+		return;
+	}
 	if (c->state == CONN_ST_READ_HEAD)
 		refuse(c, PROBLEM_REQUEST_TIMEOUT, CLIENT_ERROR_REQUEST_TIMEOUT,
 		       "the request head did not arrive in time");
@@ -1017,6 +1168,11 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
 	if (c->state == CONN_ST_CLOSED || evbuffer_get_length(out) == 0 ||
 	    (bufferevent_get_enabled(c->bev) & EV_WRITE))
 		return;
+	if (c->ssl != NULL) {
+		/* records are OpenSSL's to write: let the bufferevent do it */
+		bufferevent_enable(c->bev, EV_WRITE);
+		return;
+	}
 	/* a bufferevent keeps the front of its output frozen: only it drains */
 	evbuffer_unfreeze(out, 1);
 	(void)evbuffer_write(out, bufferevent_getfd(c->bev));
@@ -1048,7 +1204,14 @@ struct conn *conn_new(struct worker *w, evutil_socket_t fd,
 		goto fail;
 	c->w = w;
 	c->method = -1;
-	c->bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (w->tls != NULL) {
+		if (tls_accept(c, w, fd) < 0) {
+			fd = -1;	/* closed with c->bev, or leaked (OOM) */
+			goto fail;
+		}
+	} else {
+		c->bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	}
 	if (c->bev == NULL)
 		goto fail;
 	fd = -1;	/* the bufferevent owns it now */
@@ -1076,6 +1239,11 @@ struct conn *conn_new(struct worker *w, evutil_socket_t fd,
 	bufferevent_setwatermark(c->bev, EV_READ, 0, CONN_READ_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, CONN_LOW, 0);
 	conn_read_timeout(c, w->cfg->idle_timeout_ms);
+	if (c->tls == CONN_TLS_HANDSHAKE) {
+		struct timeval tv = clock_tv(w->cfg->client_timeout_ms);
+
+		evtimer_add(c->timer, &tv);
+	}
 	bufferevent_enable(c->bev, EV_READ);	/* writes: flush_cb */
 	TAILQ_INSERT_TAIL(&w->conns, c, link);
 	metrics_gauge_add(GAUGE_connections, 1);
@@ -1090,6 +1258,8 @@ fail:
 			event_free(c->kick);
 		if (c->flush != NULL)
 			event_free(c->flush);
+		if (c->tls_pump != NULL)
+			event_free(c->tls_pump);
 		free(c);
 	}
 	if (fd >= 0)

@@ -22,6 +22,7 @@
 
 struct bufferevent;
 struct config;
+struct ssl_st;
 struct event;
 struct evbuffer;
 struct idem;
@@ -61,6 +62,15 @@ static const char *const state_names[] = {
 	"settle", "closing", "linger", "closed",
 };
 
+/* TLS on the connection (conn.c; tls.h). */
+enum conn_tls {
+	CONN_TLS_OFF,		/* plain HTTP */
+	CONN_TLS_HANDSHAKE,	/* handshake under way, c->timer bounds it */
+	CONN_TLS_FIRST,		/* done; the first request's head is due by
+				 * the same deadline (--client-timeout) */
+	CONN_TLS_OPEN,		/* past the first request head */
+};
+
 /* Who serves the request in progress (the handle that goes with it). */
 enum conn_mode {
 	CONN_MODE_NONE,		/* nobody yet, or answered by the proxy */
@@ -94,9 +104,13 @@ struct conn {
 	struct worker *w;
 	TAILQ_ENTRY(conn) link;
 	struct bufferevent *bev;
-	struct event *timer;		/* head timeout, then linger timeout */
+	struct ssl_st *ssl;		/* the bufferevent's; NULL: plain */
+	enum conn_tls tls;
+	struct event *timer;		/* handshake and head timeout, then
+					 * linger timeout */
 	struct event *kick;		/* parse pipelined input next turn */
 	struct event *flush;		/* write the output at the end of the turn */
+	struct event *tls_pump;		/* TLS: pull what OpenSSL holds (conn.c) */
 	enum conn_state state;
 	bool draining;			/* SIGTERM: this is the last request */
 	char peer[INET6_ADDRSTRLEN];

@@ -264,8 +264,8 @@ enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k
 	struct reqhead rh = {
 		.method = h->method,
 		.target = h->fwd_target,
-		.fields = h->fields, .peer = h->peer, .cfg = h->cfg,
-		.body = h->body == BODY_NONE ? BODY_NONE : BODY_LENGTH,
+		.fields = h->fields, .peer = h->peer, .tls = h->tls,
+		.cfg = h->cfg, .body = h->body == BODY_NONE ? BODY_NONE : BODY_LENGTH,
 		.length = len, .drop_expect = true,
 	};
 

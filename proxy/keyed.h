@@ -41,6 +41,7 @@ struct keyed_head {
 	enum body_kind body;		/* NONE, LENGTH or CHUNKED */
 	uint64_t length;		/* BODY_LENGTH: declared length */
 	const char *peer;		/* for X-Forwarded-For */
+	bool tls;			/* for X-Forwarded-Proto */
 };
 
 enum keyed_verdict {

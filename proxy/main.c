@@ -29,6 +29,7 @@
 #include "store_memory.h"
 #include "store_pg.h"
 #include "store_redis.h"
+#include "tls.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -42,6 +43,8 @@ struct daemon {
 	struct event_base *base;
 	struct admin *admin;
 	struct store *store;
+	struct tls_listener *tls;	/* NULL: the listener speaks plain HTTP */
+	struct tls_upstream *up_tls;	/* NULL: the upstream is http:// */
 	struct event *sweep;
 	struct worker *workers;
 	int nworkers;
@@ -168,16 +171,31 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
 		worker_post_stop(&d->workers[i]);
 }
 
+static void reload_config(struct daemon *d);
+
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
 	struct daemon *d = arg;
 	char err[512];
+
+	if (d->cfg->config_file != NULL)
+		reload_config(d);
+	else if (d->tls == NULL)
+		log_info("SIGHUP: no config file to reload");
+	if (d->tls != NULL &&
+	    tls_listener_reload(d->tls, d->cfg, err, sizeof(err)) < 0)
+		log_error("SIGHUP: tls: keeping the running certificate: %s", err);
+	else if (d->tls == NULL && d->cfg->tls_cert != NULL)
+		log_warn("SIGHUP: tls_cert is set, but the listener was started "
+			 "without TLS: a restart is needed");
+}
+
+/* SIGHUP with a config file: build a new config and hand it out. */
+static void reload_config(struct daemon *d)
+{
+	char err[512];
 	struct config *cfg;
 
-	if (d->cfg->config_file == NULL) {
-		log_info("SIGHUP: no config file to reload");
-		return;
-	}
 	cfg = config_reload(d->cfg, err, sizeof(err));
 	if (cfg == NULL) {
 		log_error("SIGHUP: keeping the running config: %s", err);
@@ -251,7 +269,8 @@ static int run(struct daemon *d)
 {
 	struct config *cfg = d->cfg;
 	struct upstream_target target = { .host = cfg->upstream_hp.host,
-					  .port = cfg->upstream_hp.port };
+					  .port = cfg->upstream_hp.port,
+					  .tls = d->up_tls };
 	char port[32];
 	char err[512];
 	char store[1024];
@@ -285,7 +304,8 @@ static int run(struct daemon *d)
 			log_error("%s", err);
 			goto out;
 		}
-		if (worker_init(&d->workers[i], i, cfg, fd, &target, d->store) < 0)
+		if (worker_init(&d->workers[i], i, cfg, fd, &target, d->store,
+				d->tls) < 0)
 			goto out;
 		worker_on_done(&d->workers[i], worker_finished, d);
 		d->started = i + 1;	/* initialised: worker_free is due */
@@ -314,9 +334,9 @@ static int run(struct daemon *d)
 		}
 	}
 	config_redact_conninfo(cfg->store, store, sizeof(store));
-	log_info("idemproxy %s listening on %s:%s (%d worker%s), upstream %s, "
+	log_info("idemproxy %s listening on %s:%s%s (%d worker%s), upstream %s, "
 		 "store %s, admin on %s", IDEMPROXY_VERSION, cfg->listen_hp.host,
-		 port, d->nworkers, d->nworkers == 1 ? "" : "s", cfg->upstream,
+		 port, d->tls ? " (HTTPS)" : "", d->nworkers, d->nworkers == 1 ? "" : "s", cfg->upstream,
 		 store, cfg->admin_listen);
 	event_base_dispatch(d->base);
 	rc = 0;
@@ -351,7 +371,31 @@ static void cleanup(struct daemon *d)
 	store_free(d->store);
 	if (d->base)
 		event_base_free(d->base);
+	tls_listener_free(d->tls);
+	tls_upstream_free(d->up_tls);
 	config_unref(d->cfg);
+}
+
+/* The TLS contexts the config asks for; -1 (exit 2) when a certificate,
+ * a key or a CA file cannot be used. */
+static int load_tls(struct daemon *d)
+{
+	char err[512];
+
+	if (d->cfg->tls_cert != NULL) {
+		d->tls = tls_listener_new(d->cfg, err, sizeof(err));
+		if (d->tls == NULL)
+			goto fail;
+	}
+	if (d->cfg->upstream_tls) {
+		d->up_tls = tls_upstream_new(d->cfg, err, sizeof(err));
+		if (d->up_tls == NULL)
+			goto fail;
+	}
+	return 0;
+fail:
+	fprintf(stderr, "idemproxy: %s\n", err);
+	return -1;
 }
 
 /*
@@ -419,13 +463,19 @@ int main(int argc, char **argv)
 		printf("idemproxy %s\n", IDEMPROXY_VERSION);
 		return 0;
 	case CONFIG_CHECK:
-		config_print(d.cfg, stdout);
-		config_unref(d.cfg);
-		return 0;
+		rc = load_tls(&d) < 0 ? 2 : 0;
+		if (rc == 0)
+			config_print(d.cfg, stdout);
+		cleanup(&d);
+		return rc;
 	case CONFIG_RUN:
 		break;
 	}
 	log_setup(d.cfg->log_level, d.cfg->log_format);
+	if (load_tls(&d) < 0) {
+		cleanup(&d);
+		return 2;
+	}
 	signal(SIGPIPE, SIG_IGN);
 	if (evthread_use_pthreads() < 0) {
 		log_error("libevent: no thread support");

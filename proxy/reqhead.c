@@ -35,7 +35,9 @@ static void write_forwarded_for(struct evbuffer *out, const struct reqhead *r)
 /*
  * The client's fields that go upstream as they are. Host and the
  * X-Forwarded-* fields the proxy sets are its own: a client naming them in
- * Connection does not remove them (DESIGN §7).
+ * Connection does not remove them (DESIGN §7). Over TLS the proxy knows
+ * the scheme itself: a client's X-Forwarded-Proto is replaced by https
+ * (nobody in front could have terminated TLS).
  */
 static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 {
@@ -45,6 +47,8 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 
 	if (n == 15 && strcasecmp(name, "x-forwarded-for") == 0)
 		return false;	/* rewritten below */
+	if (r->tls && n == 17 && strcasecmp(name, "x-forwarded-proto") == 0)
+		return false;	/* written below */
 	if ((n == 4 && strcasecmp(name, "host") == 0) ||
 	    (n == 17 && strcasecmp(name, "x-forwarded-proto") == 0) ||
 	    (n == 16 && strcasecmp(name, "x-forwarded-host") == 0))
@@ -69,7 +73,9 @@ void reqhead_write(struct evbuffer *out, const struct reqhead *r)
 		evbuffer_add_printf(out, "Host: %s:%s\r\n",
 				    r->cfg->upstream_hp.host, r->cfg->upstream_hp.port);
 	write_forwarded_for(out, r);
-	if (hdrlist_find(h, "x-forwarded-proto", 0) < 0)
+	if (r->tls)
+		evbuffer_add(out, "X-Forwarded-Proto: https\r\n", 26);
+	else if (hdrlist_find(h, "x-forwarded-proto", 0) < 0)
 		evbuffer_add(out, "X-Forwarded-Proto: http\r\n", 25);
 	if (host >= 0 && hdrlist_find(h, "x-forwarded-host", 0) < 0)
 		evbuffer_add_printf(out, "X-Forwarded-Host: %s\r\n",

@@ -20,6 +20,7 @@ struct reqhead {
 	const char *target;		/* origin form (reqhead_origin_target) */
 	const struct hdrlist *fields;	/* as the client sent them */
 	const char *peer;		/* the client's address */
+	bool tls;			/* the client came over TLS */
 	const struct config *cfg;	/* upstream prefix, host and port */
 	enum body_kind body;		/* NONE, LENGTH or CHUNKED */
 	uint64_t length;		/* BODY_LENGTH: the whole body */

@@ -25,14 +25,17 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/dns.h>
 #include <event2/event.h>
 #include <event2/util.h>
 #include <llhttp.h>
+#include <openssl/ssl.h>
 
 #include "clock.h"
 #include "h1.h"
 #include "log.h"
+#include "tls.h"
 
 /* Keep-alive connections idle longer than this are closed: shorter than the
  * keep-alive timeout of most servers, so that we rarely reuse one the
@@ -95,6 +98,7 @@ struct upstream_pool {
 	struct upstream_list idle;
 	int nidle;
 	int nbusy;
+	SSL_SESSION *session;	/* https: the one to resume (tls.h) */
 };
 
 static int on_header_field(llhttp_t *p, const char *at, size_t len);
@@ -163,7 +167,10 @@ static void up_close(struct upstream *u)
 	} else {
 		p->nbusy--;
 	}
-	bufferevent_free(u->bev);
+	if (p->target.tls != NULL)
+		tls_upstream_closing(u->bev, u->state == UP_ST_IDLE ||
+				     u->phase == UP_PH_DONE);
+	bufferevent_free(u->bev);	/* and its SSL */
 	u->bev = NULL;
 	u->cbs = NULL;
 	event_del(u->flush);
@@ -497,6 +504,11 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
 	if (evbuffer_get_length(out) == 0 ||
 	    (bufferevent_get_enabled(u->bev) & EV_WRITE))
 		return;
+	if (u->pool->target.tls != NULL) {
+		/* records are OpenSSL's to write: let the bufferevent do it */
+		bufferevent_enable(u->bev, EV_WRITE);
+		return;
+	}
 	evbuffer_unfreeze(out, 1);
 	(void)evbuffer_write(out, bufferevent_getfd(u->bev));
 	evbuffer_freeze(out, 1);
@@ -517,22 +529,45 @@ static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *in
 		event_active(u->flush, EV_WRITE, 1);
 }
 
+/* An error on an https connection that TLS explains (a certificate that
+ * does not verify, an alert): log why once, and fail the exchange. */
+static bool tls_fail(struct upstream *u, struct bufferevent *bev)
+{
+	char why[256];
+
+	if (u->pool->target.tls == NULL ||
+	    !tls_upstream_failed(bev, why, sizeof(why)))
+		return false;
+	log_warn("upstream %s:%s: TLS: %s", u->pool->target.host,
+		 u->pool->target.port, why);
+	up_fail(u, UPSTREAM_ERROR_TLS);
+	return true;
+}
+
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct upstream *u = arg;
 
 	if (what & BEV_EVENT_CONNECTED) {
 		evutil_socket_t fd = bufferevent_getfd(bev);
+		SSL *ssl = bufferevent_openssl_get_ssl(bev);
 		int one = 1;
 
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		u->state = UP_ST_BUSY;
+		if (ssl != NULL) {
+			metrics_count(COUNTER_upstream_tls_handshakes_total);
+			if (SSL_session_reused(ssl))
+				metrics_count(COUNTER_upstream_tls_resumed_total);
+		}
 		return;
 	}
 	if (u->state == UP_ST_IDLE) {
 		up_close(u);	/* idle timeout or the upstream closed it */
 		return;
 	}
+	if ((what & BEV_EVENT_ERROR) && tls_fail(u, bev))
+		return;
 	if (u->state == UP_ST_CONNECTING) {
 		if (what & BEV_EVENT_TIMEOUT) {
 			up_fail(u, UPSTREAM_ERROR_TIMEOUT);
@@ -604,6 +639,7 @@ void upstream_pool_free(struct upstream_pool *p)
 	if (p == NULL)
 		return;
 	upstream_pool_close_idle(p);
+	SSL_SESSION_free(p->session);
 	if (p->resolving != NULL)
 		evdns_getaddrinfo_cancel(p->resolving);
 	if (p->dns != NULL)
@@ -617,6 +653,27 @@ static void set_timeouts(struct upstream *u, bool reading)
 				 &u->timeout);
 }
 
+/* A bufferevent that will run a TLS handshake once connected. */
+static struct bufferevent *tls_bev(struct upstream_pool *p)
+{
+	SSL *ssl = tls_upstream_ssl(p->target.tls, &p->session);
+	struct bufferevent *bev;
+
+	if (ssl == NULL)
+		return NULL;
+	bev = bufferevent_openssl_socket_new(p->base, -1, ssl,
+					     BUFFEREVENT_SSL_CONNECTING,
+					     BEV_OPT_CLOSE_ON_FREE);
+	if (bev == NULL) {
+		SSL_free(ssl);
+		return NULL;
+	}
+	/* Many servers close without close_notify; a close-delimited body
+	 * is then taken as whole, as over plain TCP. */
+	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+	return bev;
+}
+
 static struct upstream *up_connect(struct upstream_pool *p)
 {
 	struct upstream *u = calloc(1, sizeof(*u));
@@ -625,7 +682,10 @@ static struct upstream *up_connect(struct upstream_pool *p)
 		return NULL;
 	u->pool = p;
 	u->chunk = evbuffer_new();
-	u->bev = bufferevent_socket_new(p->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	if (p->target.tls != NULL)
+		u->bev = tls_bev(p);
+	else
+		u->bev = bufferevent_socket_new(p->base, -1, BEV_OPT_CLOSE_ON_FREE);
 	u->flush = event_new(p->base, -1, 0, flush_cb, u);
 	if (u->chunk == NULL || u->bev == NULL || u->flush == NULL ||
 	    evbuffer_add_cb(bufferevent_get_output(u->bev), output_added, u) == NULL)
@@ -690,6 +750,8 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 			up_free(u);
 			return NULL;
 		}
+		if (p->target.tls != NULL)
+			tls_upstream_resume(u->bev, p->session);
 		u->reused = false;
 		metrics_gauge_add(GAUGE_upstream_connections, 1);
 	}

@@ -27,6 +27,7 @@
 
 struct event_base;
 struct evbuffer;
+struct tls_upstream;
 struct upstream;
 struct upstream_pool;
 
@@ -59,6 +60,8 @@ struct upstream_target {
 	const char *port;
 	struct sockaddr_storage addr;	/* resolved at start */
 	socklen_t addrlen;
+	struct tls_upstream *tls;	/* https: shared, outlives the pools;
+					 * NULL: plain HTTP */
 };
 
 /* Resolve target->host:port (blocking: call before any loop runs). */

@@ -146,10 +146,11 @@ static void orphans_changed(void *arg)
 
 int worker_init(struct worker *w, int id, struct config *cfg,
 		evutil_socket_t listen_fd, const struct upstream_target *t,
-		struct store *store)
+		struct store *store, struct tls_listener *tls)
 {
 	memset(w, 0, sizeof(*w));
 	w->id = id;
+	w->tls = tls;
 	w->listen_fd = listen_fd;
 	w->cfg = config_ref(cfg);
 	TAILQ_INIT(&w->conns);

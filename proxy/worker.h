@@ -20,6 +20,7 @@
 
 struct config;
 struct conn;
+struct tls_listener;
 struct worker;
 
 /* Called on the worker's own thread when its loop has ended. */
@@ -35,6 +36,7 @@ struct worker {
 	struct evconnlistener *listener;
 	struct upstream_pool *pool;
 	struct store *store;		/* shared by all workers */
+	struct tls_listener *tls;	/* shared; NULL: the listener is plain */
 	struct idem_env idem;		/* what the engine borrows */
 	struct config *cfg;		/* this loop's current config (a ref) */
 
@@ -54,10 +56,11 @@ struct worker {
 	void *done_arg;
 };
 
-/* Set up the loop; the listener fd is owned by the worker from now on. */
+/* Set up the loop; the listener fd is owned by the worker from now on.
+ * tls (NULL: plain HTTP) and store are shared and outlive the worker. */
 int worker_init(struct worker *w, int id, struct config *cfg,
 		evutil_socket_t listen_fd, const struct upstream_target *t,
-		struct store *store) MUSTCHECK;
+		struct store *store, struct tls_listener *tls) MUSTCHECK;
 int worker_start(struct worker *w) MUSTCHECK;
 /* Thread-safe: hand a new config to the worker (takes a reference). */
 void worker_post_config(struct worker *w, struct config *cfg);

@@ -262,7 +262,7 @@ static void test_upstream(void)
 		{ "HTTP://h:1//x//", "h", "1", "//x" },
 	};
 	static const char *const bad[] = {
-		"https://h:443", "ftp://h", "h:80", "http://", "http://:80",
+		"ftp://h", "h:80", "https://", "https://u@h", "http://", "http://:80",
 		"http://h:0", "http://h:65536", "http://h:x", "http://::1:80",
 		"http://[::1", "http://[nope]:80", "http://h:80?x=1", "http://u@h",
 		"http://h/a b", "http://300.1.1.1:80", "http://h:80#f", "",
@@ -282,8 +282,28 @@ static void test_upstream(void)
 	}
 	for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		fails(ARGS("--upstream", (char *)bad[i]), NOENV, "--upstream: ", bad[i]);
-	fails(ARGS("--upstream", "https://h"), NOENV,
-	      "https upstreams are not supported", "https message");
+	c = parses(ARGS("--upstream", "HTTPS://h/api/"), NOENV, "https");
+	if (c != NULL) {
+		ok(c->upstream_tls, "https: TLS to the upstream");
+		is_str(c->upstream_hp.port, "443", "https: port 443 by default");
+		is_str(c->upstream_prefix, "/api", "https: prefix");
+		config_unref(c);
+	}
+	c = parses(ARGS("--upstream", "http://h"), NOENV, "http");
+	if (c != NULL) {
+		ok(!c->upstream_tls, "http: no TLS to the upstream");
+		config_unref(c);
+	}
+	fails(ARGS("--upstream", "http://h", "--upstream-ca", "/x"), NOENV,
+	      "--upstream-ca needs an https:// --upstream", "CA, plain upstream");
+	fails(ARGS("--upstream", "https://h", "--upstream-client-cert", "/x"),
+	      NOENV, "--upstream-client-key is missing", "client cert alone");
+	fails(ARGS("--upstream", "http://h", "--tls-cert", "/x"), NOENV,
+	      "--tls-key is missing", "listener cert alone");
+	fails(ARGS("--upstream", "http://h", "--tls-key", "/x"), NOENV,
+	      "--tls-cert is missing", "listener key alone");
+	fails(ARGS("--upstream", "http://h", "--tls-ciphers", "HIGH"), NOENV,
+	      "--tls-ciphers needs --tls-cert", "ciphers without a cert");
 }
 
 static void test_addresses(void)

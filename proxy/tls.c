@@ -1,0 +1,467 @@
+/*
+ * tls.c - OpenSSL contexts for both sides (see tls.h).
+ *
+ * Why bufferevent_openssl rather than memory BIOs of our own: both sides
+ * already read and write through bufferevents, whose watermarks, timeouts
+ * and enable/disable carry the proxy's back-pressure. libevent's OpenSSL
+ * bufferevent keeps that interface and drives SSL_read/SSL_write, the
+ * handshake and its WANT_READ/WANT_WRITE turns on the same socket; memory
+ * BIOs would have us write that pump by hand in two places. What the
+ * socket-level shortcuts of conn.c and upstream.c do (a writev at the end
+ * of the loop turn, shutdown(SHUT_WR)) is replaced there by the
+ * bufferevent's own write and by close_notify when a connection has an SSL.
+ *
+ * Listener: TLS 1.2 and 1.3, OpenSSL's default ciphers (or --tls-ciphers
+ * for 1.2), ALPN http/1.1, session tickets (OpenSSL's, keys carried over
+ * reloads), no renegotiation, buffers released while a connection idles.
+ * Upstream: the peer verified (system store or --upstream-ca), its host
+ * name or address checked, SNI for names, ALPN http/1.1, sessions cached
+ * per worker by the caller (tls_upstream_ssl).
+ */
+#include "tls.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
+#include <openssl/x509v3.h>
+
+#include "config.h"
+#include "log.h"
+
+/* ALPN: the one protocol spoken, in wire format. */
+static const unsigned char alpn_http11[] = "\x08http/1.1";
+
+struct tls_listener {
+	pthread_mutex_t lock;
+	SSL_CTX *ctx;		/* the current certificate; under lock */
+};
+
+struct tls_upstream {
+	SSL_CTX *ctx;
+	char *host;
+	bool ip;		/* host is an address: no SNI, the IP is checked */
+};
+
+/* SSL ex_data slot of tls_upstream_ssl()'s session pointer. */
+static int session_slot = -1;
+static pthread_once_t session_slot_once = PTHREAD_ONCE_INIT;
+
+/* The reason of an OpenSSL error, without its "error:...:lib::" prefix. */
+static void err_reason(unsigned long e, char *buf, size_t len)
+{
+	const char *r = ERR_reason_error_string(e);
+
+	if (ERR_SYSTEM_ERROR(e))
+		snprintf(buf, len, "%s", strerror(ERR_GET_REASON(e)));
+	else if (r != NULL)
+		snprintf(buf, len, "%s", r);
+	else
+		ERR_error_string_n(e, buf, len);
+}
+
+/* The first error queued on this thread (the cause; later ones are what
+ * each caller up the stack added), and clear the queue. */
+static void first_error(char *buf, size_t len)
+{
+	unsigned long e = ERR_peek_error();
+
+	if (e != 0)
+		err_reason(e, buf, len);
+	else
+		snprintf(buf, len, "unknown error");
+	ERR_clear_error();
+}
+
+/* An encrypted key would make OpenSSL ask on the terminal: refuse. */
+static int no_password(char *buf, int size, int rwflag, void *arg)
+{
+	(void)buf, (void)size, (void)rwflag, (void)arg;
+	return 0;
+}
+
+/* Load a certificate chain and its key into ctx; the option names are for
+ * the message. */
+static int load_pair(SSL_CTX *ctx, const char *cert_opt, const char *cert,
+		     const char *key_opt, const char *key, char *err,
+		     size_t errlen)
+{
+	char why[160];
+
+	if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1) {
+		first_error(why, sizeof(why));
+		snprintf(err, errlen, "%s %s: %s", cert_opt, cert, why);
+		return -1;
+	}
+	if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1) {
+		if (ERR_GET_REASON(ERR_peek_last_error()) ==
+		    X509_R_KEY_VALUES_MISMATCH)
+			goto mismatch;
+		first_error(why, sizeof(why));
+		snprintf(err, errlen, "%s %s: %s (an unencrypted PEM key is "
+			 "needed)", key_opt, key, why);
+		return -1;
+	}
+	if (SSL_CTX_check_private_key(ctx) != 1) {
+mismatch:
+		ERR_clear_error();
+		snprintf(err, errlen, "%s %s is not the key of %s %s", key_opt,
+			 key, cert_opt, cert);
+		return -1;
+	}
+	return 0;
+}
+
+/* "CN=example, valid until Dec  3 12:00:00 2027 GMT" for the log. */
+static void describe_cert(SSL_CTX *ctx, char *buf, size_t len, bool *expired)
+{
+	X509 *x = SSL_CTX_get0_certificate(ctx);
+	char subject[256] = "?", until[64] = "?";
+	BIO *b = BIO_new(BIO_s_mem());
+	int n;
+
+	*expired = false;
+	if (x == NULL || b == NULL) {
+		snprintf(buf, len, "a certificate");
+		BIO_free(b);
+		return;
+	}
+	X509_NAME_oneline(X509_get_subject_name(x), subject, sizeof(subject));
+	if (ASN1_TIME_print(b, X509_get0_notAfter(x)) == 1) {
+		n = BIO_read(b, until, sizeof(until) - 1);
+		until[n > 0 ? n : 0] = '\0';
+	}
+	BIO_free(b);
+	*expired = X509_cmp_current_time(X509_get0_notAfter(x)) < 0;
+	snprintf(buf, len, "%s, valid until %s", subject, until);
+}
+
+/* Offer http/1.1 when the client lists it; else go on without ALPN (a
+ * client that wants h2 only gets HTTP/1.1 errors, as from nginx). */
+static int alpn_select(SSL *ssl, const unsigned char **out,
+		       unsigned char *outlen, const unsigned char *in,
+		       unsigned int inlen, void *arg)
+{
+	unsigned char *sel = NULL;
+
+	(void)ssl, (void)arg;
+	if (SSL_select_next_proto(&sel, outlen, alpn_http11,
+				  sizeof(alpn_http11) - 1, in, inlen) ==
+	    OPENSSL_NPN_NEGOTIATED) {
+		*out = sel;
+		return SSL_TLSEXT_ERR_OK;
+	}
+	return SSL_TLSEXT_ERR_NOACK;
+}
+
+static SSL_CTX *listener_ctx(const struct config *cfg, char *err,
+			     size_t errlen)
+{
+	SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+	static const unsigned char sid_ctx[] = "idemproxy";
+
+	if (ctx == NULL) {
+		ERR_clear_error();
+		snprintf(err, errlen, "--tls-cert: cannot make a TLS context");
+		return NULL;
+	}
+	SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION |
+			    SSL_OP_CIPHER_SERVER_PREFERENCE);
+	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+	SSL_CTX_set_default_passwd_cb(ctx, no_password);
+	SSL_CTX_set_session_id_context(ctx, sid_ctx, sizeof(sid_ctx) - 1);
+	SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);
+	if (load_pair(ctx, "--tls-cert", cfg->tls_cert, "--tls-key",
+		      cfg->tls_key, err, errlen) < 0)
+		goto fail;
+	if (cfg->tls_ciphers != NULL &&
+	    SSL_CTX_set_cipher_list(ctx, cfg->tls_ciphers) != 1) {
+		ERR_clear_error();
+		snprintf(err, errlen, "--tls-ciphers \"%s\": no cipher OpenSSL "
+			 "knows", cfg->tls_ciphers);
+		goto fail;
+	}
+	return ctx;
+fail:
+	SSL_CTX_free(ctx);
+	return NULL;
+}
+
+static void log_serving(SSL_CTX *ctx, const char *how)
+{
+	char what[400];
+	bool expired;
+
+	describe_cert(ctx, what, sizeof(what), &expired);
+	if (expired)
+		log_warn("tls: %s an EXPIRED certificate: %s", how, what);
+	else
+		log_info("tls: %s %s", how, what);
+}
+
+struct tls_listener *tls_listener_new(const struct config *cfg, char *err,
+				      size_t errlen)
+{
+	struct tls_listener *t = calloc(1, sizeof(*t));
+
+	if (t == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	t->ctx = listener_ctx(cfg, err, errlen);
+	if (t->ctx == NULL) {
+		free(t);
+		return NULL;
+	}
+	pthread_mutex_init(&t->lock, NULL);
+	log_serving(t->ctx, "serving");
+	return t;
+}
+
+int tls_listener_reload(struct tls_listener *t, const struct config *cfg,
+			char *err, size_t errlen)
+{
+	SSL_CTX *ctx, *old;
+	unsigned char keys[80];	/* name, HMAC and AES keys of the tickets */
+
+	if (cfg->tls_cert == NULL) {
+		snprintf(err, errlen, "tls_cert and tls_key cannot be removed "
+			 "by a reload (a restart can)");
+		return -1;
+	}
+	ctx = listener_ctx(cfg, err, errlen);
+	if (ctx == NULL)
+		return -1;
+	pthread_mutex_lock(&t->lock);
+	old = t->ctx;
+	if (SSL_CTX_get_tlsext_ticket_keys(old, keys, sizeof(keys)) == 1)
+		(void)SSL_CTX_set_tlsext_ticket_keys(ctx, keys, sizeof(keys));
+	t->ctx = ctx;
+	pthread_mutex_unlock(&t->lock);
+	OPENSSL_cleanse(keys, sizeof(keys));
+	SSL_CTX_free(old);	/* open connections hold references */
+	log_serving(ctx, "SIGHUP: now serving");
+	return 0;
+}
+
+SSL *tls_listener_ssl(struct tls_listener *t)
+{
+	SSL *ssl;
+
+	pthread_mutex_lock(&t->lock);
+	ssl = SSL_new(t->ctx);
+	pthread_mutex_unlock(&t->lock);
+	return ssl;
+}
+
+void tls_listener_free(struct tls_listener *t)
+{
+	if (t == NULL)
+		return;
+	SSL_CTX_free(t->ctx);
+	pthread_mutex_destroy(&t->lock);
+	free(t);
+}
+
+/* Is e OpenSSL saying that the bytes were plain HTTP, not TLS? */
+static bool plain_http(unsigned long e)
+{
+	return ERR_GET_LIB(e) == ERR_LIB_SSL &&
+	       (ERR_GET_REASON(e) == SSL_R_HTTP_REQUEST ||
+		ERR_GET_REASON(e) == SSL_R_HTTPS_PROXY_REQUEST);
+}
+
+enum tls_error tls_handshake_error(struct bufferevent *bev, short what,
+				   char *why, size_t len)
+{
+	unsigned long e, first = 0;
+	int sys = EVUTIL_SOCKET_ERROR();
+
+	while ((e = bufferevent_get_openssl_error(bev)) != 0)
+		if (first == 0)
+			first = e;
+	ERR_clear_error();
+	if (what & BEV_EVENT_TIMEOUT) {
+		snprintf(why, len, "timed out");
+		return TLS_ERROR_TIMEOUT;
+	}
+	if (first != 0) {
+		err_reason(first, why, len);
+		return plain_http(first) ? TLS_ERROR_PLAIN_HTTP :
+					   TLS_ERROR_PROTOCOL;
+	}
+	snprintf(why, len, "%s", (what & BEV_EVENT_EOF) || sys == 0 ?
+		 "closed by the client" : strerror(sys));
+	return TLS_ERROR_EOF;
+}
+
+/* ---- the upstream ----------------------------------------------------- */
+
+static void make_session_slot(void)
+{
+	session_slot = SSL_get_ex_new_index(0, NULL, NULL, NULL, NULL);
+}
+
+/* A session to resume later arrived: it replaces the worker's. */
+static int new_session(SSL *ssl, SSL_SESSION *sess)
+{
+	SSL_SESSION **slot = SSL_get_ex_data(ssl, session_slot);
+
+	if (slot == NULL)
+		return 0;
+	SSL_SESSION_free(*slot);
+	*slot = sess;
+	return 1;	/* we keep the reference */
+}
+
+struct tls_upstream *tls_upstream_new(const struct config *cfg, char *err,
+				      size_t errlen)
+{
+	struct tls_upstream *t = calloc(1, sizeof(*t));
+	unsigned char buf[16];
+	char why[160];
+
+	pthread_once(&session_slot_once, make_session_slot);
+	if (t == NULL || session_slot < 0 ||
+	    (t->host = strdup(cfg->upstream_hp.host)) == NULL ||
+	    (t->ctx = SSL_CTX_new(TLS_client_method())) == NULL) {
+		ERR_clear_error();
+		snprintf(err, errlen, "--upstream: cannot make a TLS context");
+		goto fail;
+	}
+	t->ip = inet_pton(AF_INET, t->host, buf) == 1 ||
+		inet_pton(AF_INET6, t->host, buf) == 1;
+	SSL_CTX_set_min_proto_version(t->ctx, TLS1_2_VERSION);
+	SSL_CTX_set_options(t->ctx, SSL_OP_NO_RENEGOTIATION);
+	SSL_CTX_set_mode(t->ctx, SSL_MODE_RELEASE_BUFFERS);
+	SSL_CTX_set_default_passwd_cb(t->ctx, no_password);
+	SSL_CTX_set_verify(t->ctx, SSL_VERIFY_PEER, NULL);
+	if (cfg->upstream_ca != NULL) {
+		if (SSL_CTX_load_verify_locations(t->ctx, cfg->upstream_ca,
+						  NULL) != 1) {
+			first_error(why, sizeof(why));
+			snprintf(err, errlen, "--upstream-ca %s: %s",
+				 cfg->upstream_ca, why);
+			goto fail;
+		}
+	} else if (SSL_CTX_set_default_verify_paths(t->ctx) != 1) {
+		first_error(why, sizeof(why));
+		snprintf(err, errlen, "--upstream: cannot load the system's CA "
+			 "certificates: %s", why);
+		goto fail;
+	}
+	if (cfg->upstream_client_cert != NULL &&
+	    load_pair(t->ctx, "--upstream-client-cert",
+		      cfg->upstream_client_cert, "--upstream-client-key",
+		      cfg->upstream_client_key, err, errlen) < 0)
+		goto fail;
+	if (SSL_CTX_set_alpn_protos(t->ctx, alpn_http11,
+				    sizeof(alpn_http11) - 1) != 0) {
+		snprintf(err, errlen, "--upstream: cannot set ALPN");
+		goto fail;
+	}
+	SSL_CTX_set_session_cache_mode(t->ctx, SSL_SESS_CACHE_CLIENT |
+				       SSL_SESS_CACHE_NO_INTERNAL_STORE);
+	SSL_CTX_sess_set_new_cb(t->ctx, new_session);
+	ERR_clear_error();
+	return t;
+fail:
+	tls_upstream_free(t);
+	return NULL;
+}
+
+SSL *tls_upstream_ssl(struct tls_upstream *t, SSL_SESSION **session)
+{
+	SSL *ssl = SSL_new(t->ctx);
+
+	if (ssl == NULL)
+		goto fail;
+	if (t->ip) {
+		if (X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl),
+						  t->host) != 1)
+			goto fail;
+	} else {
+		SSL_set_hostflags(ssl, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+		if (SSL_set_tlsext_host_name(ssl, t->host) != 1 ||
+		    SSL_set1_host(ssl, t->host) != 1)
+			goto fail;
+	}
+	if (SSL_set_ex_data(ssl, session_slot, session) != 1)
+		goto fail;
+	return ssl;
+fail:
+	ERR_clear_error();
+	SSL_free(ssl);
+	return NULL;
+}
+
+void tls_upstream_resume(struct bufferevent *bev, SSL_SESSION *session)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+
+	if (ssl != NULL && session != NULL && SSL_set_session(ssl, session) != 1)
+		ERR_clear_error();
+}
+
+void tls_upstream_closing(struct bufferevent *bev, bool clean)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+
+	if (ssl == NULL)
+		return;
+	if (clean)
+		tls_close_notify(ssl);
+	else
+		SSL_set_shutdown(ssl, SSL_get_shutdown(ssl) | SSL_SENT_SHUTDOWN);
+}
+
+void tls_upstream_free(struct tls_upstream *t)
+{
+	if (t == NULL)
+		return;
+	SSL_CTX_free(t->ctx);
+	free(t->host);
+	free(t);
+}
+
+bool tls_upstream_failed(struct bufferevent *bev, char *why, size_t len)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+	unsigned long e, first = 0;
+	long v;
+
+	while ((e = bufferevent_get_openssl_error(bev)) != 0)
+		if (first == 0)
+			first = e;
+	ERR_clear_error();
+	if (ssl == NULL)
+		return false;
+	v = SSL_get_verify_result(ssl);
+	if (v != X509_V_OK) {
+		snprintf(why, len, "certificate verify failed: %s",
+			 X509_verify_cert_error_string(v));
+		return true;
+	}
+	if (first == 0)
+		return false;
+	err_reason(first, why, len);
+	return true;
+}
+
+/* ---- both ------------------------------------------------------------- */
+
+void tls_close_notify(SSL *ssl)
+{
+	if (ssl == NULL || !SSL_is_init_finished(ssl) ||
+	    (SSL_get_shutdown(ssl) & SSL_SENT_SHUTDOWN))
+		return;
+	(void)SSL_shutdown(ssl);
+	ERR_clear_error();
+}
