@@ -18,11 +18,12 @@
  * The config: routes of every key source, scope, both signature formats,
  * issued keys, an unprotected route, an upstream path prefix.
  * Invariants: the input gives the same requests, answers and upstream bytes
- * (a re-chunked body's bytes, since its chunks follow the reads) however the
- * reads split it (two passes: whole, and in pieces of 1-13 bytes);
- * reqhead_normalise() is idempotent and never lengthens; a connection goes
- * on to parse a next request only after the body of this one was read
- * (else body bytes would be read as a request: a desync with a front proxy).
+ * (a re-chunked body's bytes, since its chunks follow the reads; for input
+ * llhttp refuses, that it was refused) however the reads split it (two
+ * passes: whole, and in pieces of 1-13 bytes); reqhead_normalise() is
+ * idempotent and never lengthens; a connection goes on to parse a next
+ * request only after the body of this one was read (else body bytes would
+ * be read as a request: a desync with a front proxy).
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -236,6 +237,21 @@ static void answer(struct client *c, enum problem p, const char *detail,
 	reply_problem(c->out, p, detail, rc);
 }
 
+/*
+ * llhttp refused the input (conn.c parse_failed): 400, 413 or 431, and the
+ * connection closes. Which of them depends on where reads split the input
+ * (a span that outgrows the cap is seen at a piece's end, a bad byte when
+ * it is parsed), so the transcript says only that it was refused.
+ */
+static void refused(struct client *c, enum problem p, const char *detail)
+{
+	struct reply_conn rc = { true, false };
+
+	evbuffer_add_printf(c->out, "<< refused, closed\n");
+	reply_problem(c->chunks, p, detail, rc);
+	evbuffer_drain(c->chunks, evbuffer_get_length(c->chunks));
+}
+
 /* head_unacceptable(): NULL, or why the request is refused. fwd and match
  * are allocated; *match is NULL when the path does not normalise. */
 static const char *unacceptable(struct client *c, int method, int minor,
@@ -327,7 +343,7 @@ static bool forward(struct client *c, const struct reqhead *rh)
 	if (rc == 1)
 		evbuffer_add_printf(c->out, "\n>> last chunk\n");
 	else if (rc < 0)
-		answer(c, PROBLEM_BAD_REQUEST, "malformed request", true, 1);
+		refused(c, PROBLEM_BAD_REQUEST, "malformed request");
 	return rc == 1;
 }
 
@@ -357,8 +373,8 @@ static bool keyed(struct client *c, struct keyed_head *h, struct keyed_key *k,
 		llhttp_resume(&c->parser);
 		rc = feed(c);
 		if (rc < 0) {
-			answer(c, c->too_large ? PROBLEM_BODY_TOO_LARGE :
-			       PROBLEM_BAD_REQUEST, "body", true, minor);
+			refused(c, c->too_large ? PROBLEM_BODY_TOO_LARGE :
+				PROBLEM_BAD_REQUEST, "body");
 			go_on = false;
 			goto out;
 		}
@@ -497,9 +513,9 @@ static void connection(const uint8_t *data, size_t size, size_t piece,
 		parser_init(&c);
 		rc = feed(&c);
 		if (rc < 0) {
-			answer(&c, c.head.too_large ? PROBLEM_HEADERS_TOO_LARGE :
-			       PROBLEM_BAD_REQUEST, llhttp_errno_name(
-				       llhttp_get_errno(&c.parser)), true, 1);
+			refused(&c, c.head.too_large ? PROBLEM_HEADERS_TOO_LARGE :
+				PROBLEM_BAD_REQUEST, llhttp_errno_name(
+					llhttp_get_errno(&c.parser)));
 			break;
 		}
 		if (rc == 0)

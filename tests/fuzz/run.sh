@@ -11,9 +11,11 @@
 # The build is build-fuzz (IDEMPROXY_FUZZ_BUILD): clang, ASan+UBSan, every
 # library instrumented for coverage (-fsanitize=fuzzer-no-link). Each run
 # starts from a copy of tests/fuzz/corpus/TARGET in BUILD/fuzz/TARGET/corpus,
-# so the tree is never written; what a run finds is kept there too
-# (crash-*, leak-*, timeout-*) and the run fails. The last line of each
-# target is "fuzz_TARGET: N runs in S s (N/s), cov C, ft F, corpus K: ok".
+# so the tree is never written (IDEMPROXY_FUZZ_RESUME=1: from the corpus the
+# last run left there, to add up long runs); what a run finds is kept in
+# BUILD/fuzz/TARGET too (crash-*, leak-*, timeout-*) and the run fails.
+# The last line of each target is
+# "fuzz_TARGET: N runs in S s (N/s), cov C, ft F, corpus K: ok".
 set -eu
 cd "$(dirname "$0")/../.."
 
@@ -74,7 +76,12 @@ run_one() {
 	work="$BUILD/fuzz/$t"
 	seeds="tests/fuzz/corpus/$t"
 	dict=""
-	rm -rf "$work"
+	if [ "${IDEMPROXY_FUZZ_RESUME:-0}" = 1 ] && [ -d "$work/corpus" ]; then
+		rm -f "$work"/crash-* "$work"/leak-* "$work"/timeout-* \
+			"$work"/oom-* "$work"/slow-unit-*
+	else
+		rm -rf "$work"
+	fi
 	mkdir -p "$work/corpus"
 	if [ -d "$seeds" ]; then
 		cp "$seeds"/* "$work/corpus/" 2>/dev/null || true
