@@ -1169,8 +1169,7 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
 	    (bufferevent_get_enabled(c->bev) & EV_WRITE))
 		return;
 	if (c->ssl != NULL) {
-		/* records are OpenSSL's to write: let the bufferevent do it */
-		bufferevent_enable(c->bev, EV_WRITE);
+		tls_flush(c->bev);
 		return;
 	}
 	/* a bufferevent keeps the front of its output frozen: only it drains */

@@ -27,13 +27,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
+#include <event2/bufferevent_struct.h>
+#include <event2/event.h>
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 
 #include "config.h"
 #include "log.h"
+
+/* The most plaintext one TLS record carries. */
+#define TLS_RECORD 16384
 
 /* ALPN: the one protocol spoken, in wire format. */
 static const unsigned char alpn_http11[] = "\x08http/1.1";
@@ -456,6 +462,19 @@ bool tls_upstream_failed(struct bufferevent *bev, char *why, size_t len)
 }
 
 /* ---- both ------------------------------------------------------------- */
+
+void tls_flush(struct bufferevent *bev)
+{
+	struct evbuffer *out = bufferevent_get_output(bev);
+	size_t n = evbuffer_get_length(out);
+
+	/* libevent makes one SSL_write, so one record and one write(2), of
+	 * each buffer chain: a head and a body would be two. One contiguous
+	 * front of up to a record's payload makes them one. */
+	(void)evbuffer_pullup(out, (ev_ssize_t)(n < TLS_RECORD ? n : TLS_RECORD));
+	bufferevent_enable(bev, EV_WRITE);
+	event_active(&bev->ev_write, EV_WRITE, 1);
+}
 
 void tls_close_notify(SSL *ssl)
 {

@@ -102,6 +102,16 @@ bool tls_upstream_failed(struct bufferevent *bev, char *why, size_t len);
 
 /* ---- both ------------------------------------------------------------- */
 
+/*
+ * Write what is queued on an OpenSSL bufferevent now, in this loop turn,
+ * its first 16 KiB as one record: records are OpenSSL's to write, so the
+ * bufferevent writes them (its write
+ * event is enabled and run at once, instead of waiting a turn for the
+ * socket to report writable; what the socket does not take waits for it
+ * as usual). The caller's write callback disables EV_WRITE once drained.
+ */
+void tls_flush(struct bufferevent *bev);
+
 /* Send close_notify on an established connection, once; never blocks (the
  * alert goes to the socket, or is lost with the connection). */
 void tls_close_notify(SSL *ssl);

@@ -505,8 +505,7 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
 	    (bufferevent_get_enabled(u->bev) & EV_WRITE))
 		return;
 	if (u->pool->target.tls != NULL) {
-		/* records are OpenSSL's to write: let the bufferevent do it */
-		bufferevent_enable(u->bev, EV_WRITE);
+		tls_flush(u->bev);
 		return;
 	}
 	evbuffer_unfreeze(out, 1);
@@ -566,7 +565,8 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		up_close(u);	/* idle timeout or the upstream closed it */
 		return;
 	}
-	if ((what & BEV_EVENT_ERROR) && tls_fail(u, bev))
+	if ((what & BEV_EVENT_ERROR) && u->phase != UP_PH_DONE &&
+	    tls_fail(u, bev))
 		return;
 	if (u->state == UP_ST_CONNECTING) {
 		if (what & BEV_EVENT_TIMEOUT) {
