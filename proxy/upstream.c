@@ -75,6 +75,7 @@ struct upstream {
 	bool got_bytes;		/* any response byte in this exchange */
 	bool keep_alive;	/* the upstream allows reuse */
 	bool read_paused;
+	bool sent;		/* upstream_request_sent() was called */
 	bool dead;		/* closed; free when the callback unwinds */
 	int depth;		/* callbacks of ours on the stack */
 
@@ -101,6 +102,7 @@ struct upstream_pool {
 	SSL_SESSION *session;	/* https: the one to resume (tls.h) */
 };
 
+static void set_timeouts(struct upstream *u);
 static int on_header_field(llhttp_t *p, const char *at, size_t len);
 static int on_header_value(llhttp_t *p, const char *at, size_t len);
 static int on_header_value_complete(llhttp_t *p);
@@ -555,6 +557,7 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		u->state = UP_ST_BUSY;
 		if (ssl != NULL) {
+			set_timeouts(u);	/* the handshake's read timeout off */
 			metrics_count(COUNTER_upstream_tls_handshakes_total);
 			if (SSL_session_reused(ssl))
 				metrics_count(COUNTER_upstream_tls_resumed_total);
@@ -647,8 +650,13 @@ void upstream_pool_free(struct upstream_pool *p)
 	free(p);
 }
 
-static void set_timeouts(struct upstream *u, bool reading)
+/* Reading is timed once the request is out, and during a TLS handshake
+ * (which waits for the upstream's answers before the request is out). */
+static void set_timeouts(struct upstream *u)
 {
+	bool reading = u->sent || (u->state == UP_ST_CONNECTING &&
+				   u->pool->target.tls != NULL);
+
 	bufferevent_set_timeouts(u->bev, reading ? &u->timeout : NULL,
 				 &u->timeout);
 }
@@ -764,7 +772,8 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 	u->read_paused = false;
 	u->timeout = clock_tv(timeout_ms);
 	parser_reset(u);
-	set_timeouts(u, false);
+	u->sent = false;
+	set_timeouts(u);
 	if (u->state == UP_ST_CONNECTING)
 		bufferevent_enable(u->bev, EV_READ | EV_WRITE);	/* the connect */
 	else
@@ -784,7 +793,8 @@ size_t upstream_output_pending(struct upstream *u)
 
 void upstream_request_sent(struct upstream *u)
 {
-	set_timeouts(u, true);
+	u->sent = true;
+	set_timeouts(u);
 }
 
 void upstream_pause_read(struct upstream *u, bool paused)
