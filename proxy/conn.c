@@ -58,12 +58,8 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/bufferevent_ssl.h>
-#include <event2/bufferevent_struct.h>
-#include <event2/bufferevent_struct.h>
 #include <event2/event.h>
 #include <llhttp.h>
-#include <openssl/ssl.h>
 
 #include "clock.h"
 #include "config.h"
@@ -214,45 +210,11 @@ bool conn_upstream_error(struct conn *c, enum upstream_error err)
 
 /* ---- reading --------------------------------------------------------- */
 
-/*
- * libevent's OpenSSL bufferevent stops reading at the read high watermark
- * (CONN_READ_HIGH) with decrypted bytes possibly still inside OpenSSL (it
- * reads whole records), and when the watermark lifts it waits for the
- * socket - which stays quiet when the client has sent everything and waits
- * for answers (pipelined requests). So whenever reading may go on, bytes
- * OpenSSL holds are pulled by running the bufferevent's read event once,
- * on the next loop turn.
- */
-static void tls_pump_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct conn *c = arg;
-
-	if (c->state != CONN_ST_CLOSED &&
-	    (bufferevent_get_enabled(c->bev) & EV_READ) &&
-	    evbuffer_get_length(bufferevent_get_input(c->bev)) < CONN_READ_HIGH &&
-	    SSL_pending(c->ssl) > 0)
-		event_active(&c->bev->ev_read, EV_READ, 1);
-}
-
-static void tls_pump_later(struct conn *c)
-{
-	if (c->ssl != NULL && SSL_pending(c->ssl) > 0)
-		event_active(c->tls_pump, EV_TIMEOUT, 1);
-}
-
-/* Input was consumed: the watermark may have lifted. */
-static void input_changed(struct evbuffer *buf,
-			  const struct evbuffer_cb_info *info, void *arg)
-{
-	if (info->n_deleted > 0)
-		tls_pump_later(arg);
-}
-
 /* Read from the client again (after a pause, or for the next request). */
 static void conn_read_on(struct conn *c)
 {
 	bufferevent_enable(c->bev, EV_READ);
-	tls_pump_later(c);
+	conn_tls_pump_later(c);
 }
 
 /* ---- lifecycle --------------------------------------------------------- */
@@ -933,77 +895,6 @@ static const struct upstream_cbs up_cbs = {
 	.on_drain = up_on_drain,
 };
 
-/* ---- TLS ------------------------------------------------------------- */
-
-/* A TLS listener's connection: the bufferevent runs the handshake. */
-static int tls_accept(struct conn *c, struct worker *w, evutil_socket_t fd)
-{
-	SSL *ssl = tls_listener_ssl(w->tls);
-
-	if (ssl == NULL)
-		return -1;
-	c->bev = bufferevent_openssl_socket_new(w->base, fd, ssl,
-						BUFFEREVENT_SSL_ACCEPTING,
-						BEV_OPT_CLOSE_ON_FREE);
-	if (c->bev == NULL) {
-		SSL_free(ssl);
-		return -1;
-	}
-	c->tls_pump = event_new(w->base, -1, 0, tls_pump_cb, c);
-	if (c->tls_pump == NULL ||
-	    evbuffer_add_cb(bufferevent_get_input(c->bev), input_changed,
-			    c) == NULL)
-		return -1;	/* conn_new frees both */
-	/* a client that closes without close_notify has closed, not
-	 * failed: keep-alive clients do it all the time */
-	bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
-	c->ssl = ssl;
-	c->tls = CONN_TLS_HANDSHAKE;
-	return 0;
-}
-
-static void tls_established(struct conn *c)
-{
-	c->tls = CONN_TLS_FIRST;
-	metrics_count(COUNTER_tls_handshakes_total);
-	if (SSL_session_reused(c->ssl))
-		metrics_count(COUNTER_tls_resumed_total);
-}
-
-/*
- * Plain HTTP on the TLS port: tell the client in plain HTTP, as nginx
- * does, then close. What it sent after the bytes OpenSSL looked at is read
- * and dropped first, so that the close does not reset the answer away.
- */
-static void answer_plain_http(struct conn *c)
-{
-	evutil_socket_t fd = bufferevent_getfd(c->bev);
-	struct reply_conn rc = { true, false };
-	struct evbuffer *out = evbuffer_new();
-	char sink[4096];
-	int n = 16;
-
-	if (out == NULL)
-		return;
-	while (n-- > 0 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
-		;
-	reply_problem(out, PROBLEM_BAD_REQUEST, "this port speaks HTTPS", rc);
-	(void)evbuffer_write(out, fd);
-	evbuffer_free(out);
-}
-
-static void tls_failed(struct conn *c, short what)
-{
-	char why[160];
-	enum tls_error e = tls_handshake_error(c->bev, what, why, sizeof(why));
-
-	metrics_tls_error(e);
-	log_debug("conn %s: TLS handshake failed: %s", c->peer, why);
-	if (e == TLS_ERROR_PLAIN_HTTP)
-		answer_plain_http(c);
-	conn_close(c, "tls handshake failed");
-}
-
 /* ---- client socket callbacks --------------------------------------- */
 
 static void read_cb(struct bufferevent *bev, void *arg)
@@ -1070,11 +961,11 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	if (what & BEV_EVENT_CONNECTED) {
-		tls_established(c);
+		conn_tls_established(c);
 		return;
 	}
 	if (c->tls == CONN_TLS_HANDSHAKE) {
-		tls_failed(c, what);
+		conn_tls_failed(c, what);
 		return;
 	}
 	if (what & BEV_EVENT_TIMEOUT) {
@@ -1204,7 +1095,7 @@ struct conn *conn_new(struct worker *w, evutil_socket_t fd,
 	c->w = w;
 	c->method = -1;
 	if (w->tls != NULL) {
-		if (tls_accept(c, w, fd) < 0) {
+		if (conn_tls_accept(c, fd) < 0) {
 			fd = -1;	/* closed with c->bev, or leaked (OOM) */
 			goto fail;
 		}

@@ -189,4 +189,14 @@ void conn_keyed_body(struct conn *c);
 bool conn_keyed_reserve(struct conn *c, uint64_t n);
 void conn_keyed_unreserve(struct conn *c);
 
+/* conn_tls.c: a connection on a TLS listener. Accept: the bufferevent that
+ * runs the handshake (c->bev, c->ssl, c->tls_pump; -1 on failure, what was
+ * made is left for conn_new to free). Then the handshake's end, either
+ * way, from event_cb; and, whenever reading may go on, a look for bytes
+ * OpenSSL holds (no-op on a plain connection). */
+int conn_tls_accept(struct conn *c, int fd);
+void conn_tls_established(struct conn *c);
+void conn_tls_failed(struct conn *c, short what);
+void conn_tls_pump_later(struct conn *c);
+
 #endif
