@@ -180,8 +180,9 @@ def test_upstream_verification_failures(make_proxy, front_factory, pki, stub,
     assert m(p, "idemproxy_upstream_errors_total", cause="tls") >= 1
     log = p.log()
     assert f"upstream localhost:{front.port}: TLS:" in log, log
-    want = {"wrong_ca": "certificate", "wrong_host": "",
-            "expired": "expired"}[case]
+    want = {"wrong_ca": "unable to get local issuer certificate",
+            "wrong_host": "hostname mismatch",
+            "expired": "certificate has expired"}[case]
     line = [x for x in log.splitlines() if ": TLS:" in x][0]
     assert want in line.lower(), line
     assert stub.stats()["requests"] == 0
@@ -192,7 +193,12 @@ def test_upstream_mtls(make_proxy, front_factory, pki, stub, version):
     """Without a client certificate: 502 upstream-tls. With TLS 1.3 the
     server's refusal (alert certificate_required) comes after the client's
     side of the handshake finished, when the proxy reads the answer: still
-    a TLS failure, not an upstream reset."""
+    a TLS failure, not an upstream reset. The front closes the socket with
+    the proxy's request unread (a RST), as Python's ssl servers do; with
+    that, about half the runs get 502 upstream-unavailable and
+    cause="reset" ("upstream reset on GET /m"): a product bug, reported
+    with issue 12, not an error of this test (openssl s_server, which
+    closes without a RST, gets upstream-tls every time)."""
     front = front_factory(require_client=True,
                           max_version=getattr(ssl.TLSVersion, version))
     without = https_proxy(make_proxy, front, pki)
