@@ -56,7 +56,9 @@ struct tls_upstream {
 };
 
 /* SSL ex_data slot of tls_upstream_ssl()'s session pointer. */
-static int session_slot = -1;
+static int session_slot = -1;	/* SSL -> the pool's SSL_SESSION * slot */
+static int asked_slot = -1;	/* SSL -> non-NULL: a certificate was asked
+				   for and we had none to send */
 static pthread_once_t session_slot_once = PTHREAD_ONCE_INIT;
 
 /* The reason of an OpenSSL error, without its "error:...:lib::" prefix. */
@@ -313,6 +315,18 @@ enum tls_error tls_handshake_error(struct bufferevent *bev, short what,
 static void make_session_slot(void)
 {
 	session_slot = SSL_get_ex_new_index(0, NULL, NULL, NULL, NULL);
+	asked_slot = SSL_get_ex_new_index(0, NULL, NULL, NULL, NULL);
+}
+
+/* The upstream asks for a client certificate and none is configured: send
+ * none, and remember it. A TLS 1.3 server that requires one refuses only
+ * after our handshake is done, with an alert that a reset can overtake. */
+static int cert_asked(SSL *ssl, X509 **x509, EVP_PKEY **pkey)
+{
+	(void)x509;
+	(void)pkey;
+	(void)SSL_set_ex_data(ssl, asked_slot, ssl);
+	return 0;
 }
 
 /* A session to resume later arrived: it replaces the worker's. */
@@ -335,7 +349,7 @@ struct tls_upstream *tls_upstream_new(const struct config *cfg, char *err,
 	char why[160];
 
 	pthread_once(&session_slot_once, make_session_slot);
-	if (t == NULL || session_slot < 0 ||
+	if (t == NULL || session_slot < 0 || asked_slot < 0 ||
 	    (t->host = strdup(cfg->upstream_hp.host)) == NULL ||
 	    (t->ctx = SSL_CTX_new(TLS_client_method())) == NULL) {
 		ERR_clear_error();
@@ -368,6 +382,8 @@ struct tls_upstream *tls_upstream_new(const struct config *cfg, char *err,
 		      cfg->upstream_client_cert, "--upstream-client-key",
 		      cfg->upstream_client_key, err, errlen) < 0)
 		goto fail;
+	if (cfg->upstream_client_cert == NULL)
+		SSL_CTX_set_client_cert_cb(t->ctx, cert_asked);
 	if (SSL_CTX_set_alpn_protos(t->ctx, alpn_http11,
 				    sizeof(alpn_http11) - 1) != 0) {
 		snprintf(err, errlen, "--upstream: cannot set ALPN");
@@ -437,10 +453,12 @@ void tls_upstream_free(struct tls_upstream *t)
 	free(t);
 }
 
-bool tls_upstream_failed(struct bufferevent *bev, char *why, size_t len)
+bool tls_upstream_failed(struct bufferevent *bev, bool fresh, char *why,
+			 size_t len)
 {
 	SSL *ssl = bufferevent_openssl_get_ssl(bev);
 	unsigned long e, first = 0;
+	bool asked;
 	long v;
 
 	while ((e = bufferevent_get_openssl_error(bev)) != 0)
@@ -455,9 +473,19 @@ bool tls_upstream_failed(struct bufferevent *bev, char *why, size_t len)
 			 X509_verify_cert_error_string(v));
 		return true;
 	}
-	if (first == 0)
+	asked = fresh && SSL_get_ex_data(ssl, asked_slot) != NULL;
+	if (first == 0 && !asked)
 		return false;
-	err_reason(first, why, len);
+	if (first != 0)
+		err_reason(first, why, len);
+	else
+		snprintf(why, len, "closed by the upstream");
+	if (asked) {
+		size_t n = strlen(why);
+
+		snprintf(why + n, len - n, " (it asked for a client certificate; "
+			 "none is configured: --upstream-client-cert)");
+	}
 	return true;
 }
 

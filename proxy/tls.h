@@ -96,9 +96,12 @@ void tls_upstream_free(struct tls_upstream *t);
  * Did the exchange on bev fail because of TLS (a certificate that does not
  * verify, a handshake or record error, an alert from the upstream)? Then
  * true, with the reason for the log in why. Takes the bufferevent's queued
- * OpenSSL errors.
+ * OpenSSL errors. fresh: the connection is new and no response byte came;
+ * then a close or reset after the upstream asked for a client certificate
+ * we do not have is TLS too (the refusal's alert may be lost to the reset).
  */
-bool tls_upstream_failed(struct bufferevent *bev, char *why, size_t len);
+bool tls_upstream_failed(struct bufferevent *bev, bool fresh, char *why,
+			 size_t len);
 
 /* ---- both ------------------------------------------------------------- */
 

@@ -530,14 +530,16 @@ static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *in
 		event_active(u->flush, EV_WRITE, 1);
 }
 
-/* An error on an https connection that TLS explains (a certificate that
- * does not verify, an alert): log why once, and fail the exchange. */
+/* An error or a close on an https connection that TLS explains (a
+ * certificate that does not verify, an alert, a refused client
+ * certificate): log why once, and fail the exchange. */
 static bool tls_fail(struct upstream *u, struct bufferevent *bev)
 {
 	char why[256];
 
 	if (u->pool->target.tls == NULL ||
-	    !tls_upstream_failed(bev, why, sizeof(why)))
+	    !tls_upstream_failed(bev, !u->reused && !u->got_bytes, why,
+				 sizeof(why)))
 		return false;
 	log_warn("upstream %s:%s: TLS: %s", u->pool->target.host,
 		 u->pool->target.port, why);
@@ -568,8 +570,9 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		up_close(u);	/* idle timeout or the upstream closed it */
 		return;
 	}
-	if ((what & BEV_EVENT_ERROR) && u->phase != UP_PH_DONE &&
-	    tls_fail(u, bev))
+	if (((what & BEV_EVENT_ERROR) ||
+	     ((what & BEV_EVENT_EOF) && !u->reused && !u->got_bytes)) &&
+	    u->phase != UP_PH_DONE && tls_fail(u, bev))
 		return;
 	if (u->state == UP_ST_CONNECTING) {
 		if (what & BEV_EVENT_TIMEOUT) {
