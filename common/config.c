@@ -109,7 +109,12 @@ static const struct config_opt options[] = {
 	{ .name = "admin-listen", .type = OPT_HOSTPORT, .off = F(admin_listen),
 	  .aux = F(admin_hp), .def = "127.0.0.1:9090", .metavar = "ADDR:PORT",
 	  .flags = OPT_RESTART,
-	  .help = "address for /healthz, /readyz and /metrics" },
+	  .help = "address for /healthz, /readyz, /metrics and /keys" },
+	{ .name = "admin-token-file", .syn = SYNTAX_STRING,
+	  .off = F(admin_token_file), .defdoc = "off", .metavar = "FILE",
+	  .help = "bearer token (the file's first line) that DELETE /keys and "
+		  "GET /keys?body=1 require; without it they are off. Re-read "
+		  "on SIGHUP" },
 	{ .name = "config", .syn = SYNTAX_STRING, .off = F(config_file),
 	  .defdoc = "none", .metavar = "FILE", .flags = OPT_NO_FILE,
 	  .help = "INI file with an [idemproxy] section; re-read on SIGHUP" },

@@ -79,6 +79,7 @@ struct config {
 	uint64_t response_cache;	/* bytes; 0: no in-process cache */
 	char *tls_cert;			/* PEM chain: the listener speaks TLS */
 	char *tls_key;
+	char *admin_token_file;		/* NULL: mutating /keys off */
 	char *tls_ciphers;		/* TLS 1.2 cipher list; NULL: OpenSSL's */
 	char *upstream_ca;		/* PEM CAs; NULL: the system store */
 	char *upstream_client_cert;	/* mutual TLS with the upstream */

@@ -1,5 +1,5 @@
 /*
- * admin.c - health, readiness and Prometheus metrics over HTTP.
+ * admin.c - health, readiness, Prometheus metrics and keys over HTTP.
  */
 #include "admin.h"
 
@@ -12,6 +12,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "admin_keys.h"
 #include "log.h"
 #include "metrics.h"
 #include "store.h"
@@ -19,6 +20,7 @@
 struct admin {
 	struct evhttp *http;
 	struct store *store;
+	struct admin_keys *keys;
 	bool draining;
 };
 
@@ -50,6 +52,10 @@ static void handle(struct evhttp_request *req, void *arg)
 
 	if (path == NULL)
 		path = "/";
+	if (strncmp(path, "/keys/", 6) == 0) {
+		admin_keys_handle(a->keys, req, path + 6);
+		return;
+	}
 	if (evhttp_request_get_command(req) != EVHTTP_REQ_GET &&
 	    evhttp_request_get_command(req) != EVHTTP_REQ_HEAD) {
 		reply_text(req, 405, "Method Not Allowed", "text/plain",
@@ -91,9 +97,11 @@ struct admin *admin_new(struct event_base *base, const char *host,
 	if (a == NULL)
 		goto fail;
 	a->store = store;
+	a->keys = admin_keys_new(base, store);
 	a->http = evhttp_new(base);
-	if (a->http == NULL)
+	if (a->keys == NULL || a->http == NULL)
 		goto fail;
+
 	evhttp_set_gencb(a->http, handle, a);
 	evhttp_set_timeout(a->http, 10);
 	if (evhttp_bind_socket(a->http, host, (ev_uint16_t)atoi(port)) < 0) {
@@ -105,8 +113,16 @@ struct admin *admin_new(struct event_base *base, const char *host,
 fail:
 	if (a != NULL && a->http != NULL)
 		evhttp_free(a->http);
+	if (a != NULL)
+		admin_keys_free(a->keys);
 	free(a);
 	return NULL;
+}
+
+int admin_set_config(struct admin *a, struct config *cfg, char *err,
+		     size_t errlen)
+{
+	return admin_keys_set_config(a->keys, cfg, err, errlen);
 }
 
 void admin_set_draining(struct admin *a, bool draining)
@@ -118,6 +134,7 @@ void admin_free(struct admin *a)
 {
 	if (a == NULL)
 		return;
-	evhttp_free(a->http);
+	evhttp_free(a->http);	/* first: its connections' close callbacks */
+	admin_keys_free(a->keys);
 	free(a);
 }

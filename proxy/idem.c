@@ -432,8 +432,8 @@ static void on_extended(void *arg, const struct store_result *res)
 			arm_timer(ix, ix->req.claim.lease_ms / 2);
 		return;
 	case STORE_FENCED:
-		log_warn("key %s: lease lost to another request while executing",
-			 ix->req.claim.key.key);
+		log_warn("key %s: lease lost while executing (taken over, or "
+			 "the key purged by an operator)", ix->req.claim.key.key);
 		return;
 	default:
 		wait = backoff_ms(EXTEND_BACKOFF_MS, ++ix->ext_failures);
@@ -520,8 +520,9 @@ static void on_settled(void *arg, const struct store_result *res)
 				 "attempt(s)", ix->req.claim.key.key, ix->attempts);
 		break;
 	case STORE_FENCED:
-		log_warn("key %s: not ours any more (lease taken over); outcome "
-			 "not written", ix->req.claim.key.key);
+		log_warn("key %s: not ours any more (lease taken over, or the "
+			 "key purged by an operator); outcome not written",
+			 ix->req.claim.key.key);
 		break;
 	default:
 		wait = backoff_ms(SETTLE_BACKOFF_MS, ++ix->attempts);

@@ -140,36 +140,50 @@ static bool content_type_is(const struct hdrlist *f, const char *type)
  * value of that header. The hex SHA-256 of "route\n<name>\n" and, scoped,
  * "<value>\n"; the key itself keeps its documented form.
  */
-static void scope_of(const struct keyed_head *h, char scope[STORE_SCOPE_LEN + 1])
+void keyed_scope(const char *route, const char *value, size_t len,
+		 char scope[STORE_SCOPE_LEN + 1])
 {
-	const struct policy *p = h->policy;
 	unsigned char md[EVP_MAX_MD_SIZE];
-	unsigned int len = 0;
+	unsigned int mdlen = 0;
 	EVP_MD_CTX *ctx;
-	int i;
 
 	scope[0] = '\0';
-	if (h->route == NULL && p->scope_header == NULL)
+	if (route == NULL && value == NULL)
 		return;
 	ctx = EVP_MD_CTX_new();
 	if (ctx == NULL || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1)
 		abort();	/* no SHA-256: nothing can be namespaced */
-	if (h->route != NULL) {
+	if (route != NULL) {
 		EVP_DigestUpdate(ctx, "route\n", 6);
-		EVP_DigestUpdate(ctx, h->route, strlen(h->route));
+		EVP_DigestUpdate(ctx, route, strlen(route));
 		EVP_DigestUpdate(ctx, "\n", 1);
 	}
-	if (p->scope_header != NULL) {
-		i = hdrlist_find(h->fields, p->scope_header, 0);
-		if (i >= 0)
-			EVP_DigestUpdate(ctx, hdr_value(h->fields, (uint32_t)i),
-					 h->fields->v[i].value_len);
+	if (value != NULL) {
+		EVP_DigestUpdate(ctx, value, len);
 		EVP_DigestUpdate(ctx, "\n", 1);
 	}
-	EVP_DigestFinal_ex(ctx, md, &len);
+	EVP_DigestFinal_ex(ctx, md, &mdlen);
 	EVP_MD_CTX_free(ctx);
-	for (unsigned j = 0; j < len && j < STORE_SCOPE_LEN / 2; j++)
+	for (unsigned j = 0; j < mdlen && j < STORE_SCOPE_LEN / 2; j++)
 		snprintf(scope + 2 * j, 3, "%02x", md[j]);
+}
+
+static void scope_of(const struct keyed_head *h, char scope[STORE_SCOPE_LEN + 1])
+{
+	const struct policy *p = h->policy;
+	const char *value = NULL;
+	size_t len = 0;
+	int i;
+
+	if (p->scope_header != NULL) {
+		value = "";	/* scoped: an absent header is a value too */
+		i = hdrlist_find(h->fields, p->scope_header, 0);
+		if (i >= 0) {
+			value = hdr_value(h->fields, (uint32_t)i);
+			len = h->fields->v[i].value_len;
+		}
+	}
+	keyed_scope(h->route, value, len, scope);
 }
 
 /* A signed callback is checked before anything is claimed. */

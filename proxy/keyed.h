@@ -79,4 +79,13 @@ enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k
 				 struct evbuffer *body, struct idem_request *req,
 				 struct keyed_answer *a);
 
+/*
+ * The store scope of a key: route is the route's name (NULL: the global
+ * policy); value the caller's value of the policy's scope header (NULL:
+ * the policy is not scoped; "" with len 0 when the header was absent).
+ * "" when neither. Also what GET /keys and `idemproxy keys` address.
+ */
+void keyed_scope(const char *route, const char *value, size_t len,
+		 char scope[STORE_SCOPE_LEN + 1]);
+
 #endif

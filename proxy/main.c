@@ -21,8 +21,11 @@
 #include <event2/util.h>
 
 #include "admin.h"
+#include "admin_keys.h"
 #include "clock.h"
 #include "config.h"
+#include "hostport.h"
+#include "keys.h"
 #include "log.h"
 #include "store.h"
 #include "store_cache.h"
@@ -180,8 +183,10 @@ static void on_hup(evutil_socket_t sig, short what, void *arg)
 
 	if (d->cfg->config_file != NULL)
 		reload_config(d);
-	else if (d->tls == NULL)
+	else if (d->tls == NULL && d->cfg->admin_token_file == NULL)
 		log_info("SIGHUP: no config file to reload");
+	if (admin_set_config(d->admin, d->cfg, err, sizeof(err)) < 0)
+		log_error("SIGHUP: keeping the running admin token: %s", err);
 	if (d->tls != NULL &&
 	    tls_listener_reload(d->tls, d->cfg, err, sizeof(err)) < 0)
 		log_error("SIGHUP: tls: keeping the running certificate: %s", err);
@@ -287,7 +292,8 @@ static int run(struct daemon *d)
 	store_thread_init(d->store, d->base);	/* the sweeper's connections */
 	d->admin = admin_new(d->base, cfg->admin_hp.host, cfg->admin_hp.port,
 			     d->store, err, sizeof(err));
-	if (d->admin == NULL) {
+	if (d->admin == NULL ||
+	    admin_set_config(d->admin, cfg, err, sizeof(err)) < 0) {
 		log_error("%s", err);
 		goto out;
 	}
@@ -376,10 +382,11 @@ static void cleanup(struct daemon *d)
 	config_unref(d->cfg);
 }
 
-/* The TLS contexts the config asks for; -1 (exit 2) when a certificate,
- * a key or a CA file cannot be used. */
-static int load_tls(struct daemon *d)
+/* The files the config names: TLS contexts and the admin token; -1 (exit
+ * 2) when a certificate, a key, a CA file or the token cannot be used. */
+static int load_files(struct daemon *d)
 {
+	unsigned char md[32];
 	char err[512];
 
 	if (d->cfg->tls_cert != NULL) {
@@ -392,6 +399,9 @@ static int load_tls(struct daemon *d)
 		if (d->up_tls == NULL)
 			goto fail;
 	}
+	if (d->cfg->admin_token_file != NULL &&
+	    admin_token_read(d->cfg->admin_token_file, md, err, sizeof(err)) < 0)
+		goto fail;
 	return 0;
 fail:
 	fprintf(stderr, "idemproxy: %s\n", err);
@@ -433,6 +443,145 @@ static int migrate(int argc, char **argv)
 	return 0;
 }
 
+/* ---- idemproxy keys ------------------------------------------------------ */
+
+struct keys_run {
+	struct event_base *base;
+	struct store_result res;
+	struct stored_response *resp;	/* ours */
+	bool done;
+};
+
+static void keys_done(void *arg, const struct store_result *res)
+{
+	struct keys_run *r = arg;
+
+	r->res = *res;
+	if (res->resp != NULL)
+		r->resp = r->res.resp = stored_response_ref(res->resp);
+	r->done = true;
+	event_base_loopbreak(r->base);
+}
+
+static int keys_usage(const char *why)
+{
+	fprintf(stderr, "idemproxy keys: %s\n"
+		"usage: idemproxy keys get|delete KEY [--route NAME] [--scope VALUE]\n"
+		"         [--body] [--config FILE] [--store postgres://...] "
+		"[--redis redis://...]\n", why);
+	return 2;
+}
+
+/*
+ * idemproxy keys get|delete KEY: what GET and DELETE /keys/KEY on the admin
+ * listener do, straight on PostgreSQL (and Redis), for when no instance
+ * runs. Exit 0: found (deleted); 1: no such key; 2: usage; 3: the store
+ * could not be reached. A one-shot command: its own loop, then gone.
+ */
+static int keys_cmd(int argc, char **argv)
+{
+	struct keys_query q = { 0 };
+	struct keys_run r = { 0 };
+	struct config *cfg = NULL, c = { 0 };
+	enum config_action action;
+	const char *file = NULL, *store_url = getenv("IDEMPROXY_STORE");
+	const char *redis_url = getenv("IDEMPROXY_REDIS");
+	struct store *s = NULL;
+	struct store_key k;
+	struct store_op *op;
+	bool purge;
+	char err[512];
+	int rc = 3;
+
+	if (argc < 4 || (strcmp(argv[2], "get") != 0 &&
+			 strcmp(argv[2], "delete") != 0))
+		return keys_usage("get or delete, and a key");
+	purge = strcmp(argv[2], "delete") == 0;
+	q.key = argv[3];
+	for (int i = 4; i < argc; i++) {
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (strcmp(argv[i], "--body") == 0) {
+			q.body = true;
+			continue;
+		}
+		if (v == NULL)
+			return keys_usage("an option without its value");
+		if (strcmp(argv[i], "--route") == 0)
+			q.route = v;
+		else if (strcmp(argv[i], "--scope") == 0)
+			q.scope = v;
+		else if (strcmp(argv[i], "--config") == 0)
+			file = v;
+		else if (strcmp(argv[i], "--store") == 0)
+			store_url = v;
+		else if (strcmp(argv[i], "--redis") == 0)
+			redis_url = v;
+		else
+			return keys_usage("unknown option");
+		i++;
+	}
+	if (file != NULL) {
+		/* the routes and stores of a running instance's config */
+		char *cargv[] = { argv[0], "--config", (char *)file, NULL };
+
+		if (config_parse(3, cargv, environ, &cfg, &action, err,
+				 sizeof(err)) < 0) {
+			fprintf(stderr, "idemproxy keys: %s\n", err);
+			return 2;
+		}
+		if (store_url == NULL || strcmp(store_url, "memory") == 0)
+			store_url = cfg->store;
+		if (redis_url == NULL)
+			redis_url = cfg->redis;
+	}
+	if (store_url == NULL || strcmp(store_url, "memory") == 0) {
+		rc = keys_usage("--store postgres://... needed: the memory store "
+				"lives inside its instance (use GET or DELETE "
+				"/keys/KEY on its admin listener)");
+		goto out;
+	}
+	if (keys_address(cfg, &q, &k, err, sizeof(err)) < 0) {
+		rc = keys_usage(err);
+		goto out;
+	}
+	c.store = (char *)store_url;
+	c.store_connections = 1;
+	if (redis_url != NULL && redis_url[0] != '\0') {
+		c.redis = (char *)redis_url;
+		if (hostport_parse_redis_url(redis_url, &c.redis_hp, &c.redis_db,
+					     err, sizeof(err)) < 0) {
+			rc = keys_usage(err);
+			goto out;
+		}
+	}
+	log_setup(LOG_WARN, LOG_FORMAT_TEXT);
+	r.base = event_base_new();
+	s = r.base != NULL ? open_store(&c) : NULL;
+	if (s == NULL)
+		goto out;
+	store_thread_init(s, r.base);
+	op = purge ? store_purge(s, r.base, &k, keys_done, &r) :
+		     store_inspect(s, r.base, &k, q.body, keys_done, &r);
+	while (op != NULL && !r.done)
+		event_base_loop(r.base, EVLOOP_ONCE);
+	if (!r.done || r.res.status == STORE_ERROR) {
+		fprintf(stderr, "idemproxy keys: the store could not be reached\n");
+	} else {
+		keys_render(stdout, &q, &k, purge, &r.res);
+		rc = r.res.status == STORE_OK ? 0 : 1;
+	}
+	stored_response_unref(r.resp);
+	store_thread_done(s, r.base);
+out:
+	store_free(s);
+	if (r.base != NULL)
+		event_base_free(r.base);
+	hostport_clear(&c.redis_hp);
+	config_unref(cfg);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	struct daemon d = { 0 };
@@ -442,6 +591,8 @@ int main(int argc, char **argv)
 
 	if (argc > 1 && strcmp(argv[1], "migrate") == 0)
 		return migrate(argc, argv);
+	if (argc > 1 && strcmp(argv[1], "keys") == 0)
+		return keys_cmd(argc, argv);
 
 	if (config_parse(argc, argv, environ, &d.cfg, &action, err,
 			 sizeof(err)) < 0) {
@@ -463,7 +614,7 @@ int main(int argc, char **argv)
 		printf("idemproxy %s\n", IDEMPROXY_VERSION);
 		return 0;
 	case CONFIG_CHECK:
-		rc = load_tls(&d) < 0 ? 2 : 0;
+		rc = load_files(&d) < 0 ? 2 : 0;
 		if (rc == 0)
 			config_print(d.cfg, stdout);
 		cleanup(&d);
@@ -472,7 +623,7 @@ int main(int argc, char **argv)
 		break;
 	}
 	log_setup(d.cfg->log_level, d.cfg->log_format);
-	if (load_tls(&d) < 0) {
+	if (load_files(&d) < 0) {
 		cleanup(&d);
 		return 2;
 	}

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <openssl/rand.h>
 
@@ -66,10 +67,19 @@ const char *store_status_name(enum store_status s)
 		[STORE_IN_FLIGHT] = "in_flight", [STORE_MISMATCH] = "mismatch",
 		[STORE_OK] = "ok", [STORE_FENCED] = "fenced",
 		[STORE_SETTLED] = "settled", [STORE_FULL] = "full",
-		[STORE_ERROR] = "error",
+		[STORE_ABSENT] = "absent", [STORE_ERROR] = "error",
 	};
 
 	return names[s];
+}
+
+int64_t store_unix_ms(uint64_t at, uint64_t now)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 +
+	       ((int64_t)at - (int64_t)now);
 }
 
 size_t store_id(const char *scope, size_t slen, const char *key, size_t klen,

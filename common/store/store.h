@@ -74,18 +74,46 @@ enum store_status {
 	STORE_FENCED,		/* complete / release / extend: no longer ours */
 	STORE_SETTLED,		/* watch: no longer in flight (or lease ran out) */
 	STORE_FULL,		/* claim: the store refuses new records */
+	STORE_ABSENT,		/* inspect / purge: no live record */
 	STORE_ERROR,		/* the store could not be reached */
 };
 
 const char *store_status_name(enum store_status s);
 
+/* Where a copy of a record was found (inspect) or dropped (purge). */
+#define STORE_IN_MEMORY 1u	/* the memory store, or this process's
+				   response cache */
+#define STORE_IN_POSTGRES 2u
+#define STORE_IN_REDIS 4u
+
+/*
+ * A record as an operator sees it (store_inspect, store_purge). Times are
+ * Unix milliseconds, 0 when not known (a copy that only a cache holds has
+ * no creation time). The stored head and body themselves, when asked for,
+ * are in the result's resp.
+ */
+struct store_record {
+	unsigned found;		/* STORE_IN_* bits */
+	unsigned unreached;	/* STORE_IN_* bits: could not be asked */
+	bool completed;		/* else in flight */
+	uint8_t fp[FP_LEN];
+	char owner[STORE_OWNER_LEN + 1];	/* in flight */
+	int64_t created_ms, expires_ms, lease_until_ms;
+	int status;		/* completed */
+	size_t head_len, body_len;
+	bool body_stored;
+};
+
 struct store_result {
 	enum store_status status;
 	/* STORE_WON: the fencing token to complete or release with */
 	char owner[STORE_OWNER_LEN + 1];
-	/* STORE_COMPLETED: a reference handed to the callback, which must
-	 * take its own with stored_response_ref() to keep it */
+	/* STORE_COMPLETED, and an inspect that asked for the body: a
+	 * reference handed to the callback, which must take its own with
+	 * stored_response_ref() to keep it */
 	struct stored_response *resp;
+	/* inspect and purge: the record (purge: as it was) */
+	struct store_record rec;
 	/* STORE_COMPLETED: how long the record still lives (0: unknown), so
 	 * that a cache in front can keep it no longer */
 	uint64_t ttl_left_ms;
@@ -117,6 +145,11 @@ struct store_ops {
 				   const struct store_key *k, const char *owner,
 				   uint64_t lease_ms, store_cb cb, void *arg);
 	struct store_op *(*watch)(struct store *s, struct event_base *base,
+				  const struct store_key *k, store_cb cb, void *arg);
+	struct store_op *(*inspect)(struct store *s, struct event_base *base,
+				    const struct store_key *k, bool body,
+				    store_cb cb, void *arg);
+	struct store_op *(*purge)(struct store *s, struct event_base *base,
 				  const struct store_key *k, store_cb cb, void *arg);
 	void (*cancel)(struct store_op *op);
 	/* Is the store reachable (for /readyz)? Thread-safe. */
@@ -187,6 +220,28 @@ static inline struct store_op *store_watch(struct store *s, struct event_base *b
 	return s->ops->watch(s, b, k, cb, arg);
 }
 
+/* What the store holds for k, for an operator: OK with res->rec (and, if
+ * body, the stored response in res->resp), ABSENT or ERROR. A layer in
+ * front adds where it holds a copy. */
+static inline struct store_op *store_inspect(struct store *s, struct event_base *b,
+					     const struct store_key *k, bool body,
+					     store_cb cb, void *arg)
+{
+	return s->ops->inspect(s, b, k, body, cb, arg);
+}
+
+/* Delete k whatever its state, and every copy of it: OK with res->rec as
+ * the record was, ABSENT when there was none, or ERROR (nothing is known
+ * to be deleted). An in-flight record's owner is fenced: its completion,
+ * release or extension finds FENCED; its waiters wake. A layer that could
+ * not drop its copy says so in res->rec.unreached. */
+static inline struct store_op *store_purge(struct store *s, struct event_base *b,
+					   const struct store_key *k, store_cb cb,
+					   void *arg)
+{
+	return s->ops->purge(s, b, k, cb, arg);
+}
+
 static inline void store_cancel(struct store_op *op)
 {
 	op->store->ops->cancel(op);
@@ -230,6 +285,10 @@ size_t store_id(const char *scope, size_t slen, const char *key, size_t klen,
 		char buf[STORE_ID_MAX]);
 size_t store_key_id(const struct store_key *k, char buf[STORE_ID_MAX]);
 uint64_t store_id_hash(const char *id, size_t len);
+
+/* A moment `at` of a monotonic clock whose reading is now `now`, in Unix
+ * milliseconds (for store_record). */
+int64_t store_unix_ms(uint64_t at, uint64_t now);
 
 /* A fresh random owner token (hex). Returns 0 or -1. */
 int store_new_owner(char out[STORE_OWNER_LEN + 1]) MUSTCHECK;

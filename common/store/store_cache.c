@@ -63,6 +63,8 @@ struct cache_store {
 enum cop_kind {
 	COP_CLAIM,
 	COP_COMPLETE,
+	COP_INSPECT,
+	COP_PURGE,
 };
 
 /* Our handle: a claim or completion passed to the inner store, or a hit
@@ -82,6 +84,7 @@ struct cop {
 	unsigned global_gen, gen;	/* at the start */
 	struct stored_response *resp;	/* complete: our reference */
 	uint64_t ttl_ms;
+	bool body;			/* inspect: the stored response too */
 };
 
 static const struct store_ops cache_ops;
@@ -359,6 +362,98 @@ static struct store_op *cache_complete(struct store *s, struct event_base *base,
 	return &o->op;
 }
 
+/*
+ * Our copy of k, for an operator: its record and where, added to what the
+ * store behind said (res). A copy the store behind no longer has (a row
+ * deleted by hand, its purge unheard) is reported from here. With forget,
+ * the copy is dropped, and fills in progress are refused.
+ */
+static void own_copy(struct cache_store *cs, struct cop *o, bool forget)
+{
+	struct store_record *rec = &o->res.rec;
+	char id[STORE_ID_MAX];
+	size_t len = store_key_id(&o->key, id);
+	uint64_t h = store_id_hash(id, len), now = clock_ms();
+	struct entry **pp, *e;
+
+	pthread_mutex_lock(&cs->mu);
+	if (forget)
+		atomic_fetch_add(&cs->gens[h % NGENS], 1);
+	pp = find_slot(cs, id, len, h);
+	e = *pp;
+	if (e == NULL || e->expires_ms <= now)
+		goto out;
+	rec->found |= STORE_IN_MEMORY;
+	if (o->res.status == STORE_ABSENT) {
+		o->res.status = STORE_OK;
+		rec->completed = true;
+		memcpy(rec->fp, e->fp, FP_LEN);
+		rec->expires_ms = store_unix_ms(e->expires_ms, now);
+		rec->status = e->resp->status;
+		rec->head_len = e->resp->head_len;
+		rec->body_len = e->resp->body_len;
+		rec->body_stored = e->resp->body_stored;
+		if (o->body && o->res.resp == NULL)
+			o->res.resp = stored_response_ref(e->resp);
+	}
+out:
+	if (forget && e != NULL) {
+		drop(cs, pp);
+		publish_size(cs);
+	}
+	pthread_mutex_unlock(&cs->mu);
+}
+
+static void inspect_inner_cb(void *arg, const struct store_result *res)
+{
+	struct cop *o = arg;
+
+	o->inner = NULL;
+	o->res = *res;
+	if (res->resp != NULL)
+		o->res.resp = stored_response_ref(res->resp);
+	if (res->status != STORE_ERROR || o->kind == COP_PURGE)
+		own_copy(o->cs, o, o->kind == COP_PURGE);
+	o->cb(o->arg, &o->res);
+	cop_free(o);
+}
+
+static struct store_op *cache_inspect(struct store *s, struct event_base *base,
+				      const struct store_key *k, bool body,
+				      store_cb cb, void *arg)
+{
+	struct cache_store *cs = (struct cache_store *)s;
+	struct cop *o = cop_new(cs, COP_INSPECT, k, cb, arg);
+
+	if (o == NULL)
+		return NULL;
+	o->body = body;
+	o->inner = store_inspect(cs->inner, base, k, body, inspect_inner_cb, o);
+	if (o->inner == NULL) {
+		cop_free(o);
+		return NULL;
+	}
+	return &o->op;
+}
+
+/* The store behind first (it tells every instance), then our copy. */
+static struct store_op *cache_purge(struct store *s, struct event_base *base,
+				    const struct store_key *k, store_cb cb,
+				    void *arg)
+{
+	struct cache_store *cs = (struct cache_store *)s;
+	struct cop *o = cop_new(cs, COP_PURGE, k, cb, arg);
+
+	if (o == NULL)
+		return NULL;
+	o->inner = store_purge(cs->inner, base, k, inspect_inner_cb, o);
+	if (o->inner == NULL) {
+		cop_free(o);
+		return NULL;
+	}
+	return &o->op;
+}
+
 /* ---- the rest: the inner store's --------------------------------------- */
 
 static struct store_op *cache_release(struct store *s, struct event_base *base,
@@ -384,8 +479,8 @@ static struct store_op *cache_watch(struct store *s, struct event_base *base,
 	return store_watch(((struct cache_store *)s)->inner, base, k, cb, arg);
 }
 
-/* Our handles are claims and completions: release, extend and watch hand
- * out the inner store's. */
+/* Our handles are claims, completions, inspections and purges: release,
+ * extend and watch hand out the inner store's. */
 static void cache_cancel(struct store_op *op)
 {
 	struct cop *o = (struct cop *)op;
@@ -447,6 +542,8 @@ static const struct store_ops cache_ops = {
 	.release = cache_release,
 	.extend = cache_extend,
 	.watch = cache_watch,
+	.inspect = cache_inspect,
+	.purge = cache_purge,
 	.cancel = cache_cancel,
 	.ready = cache_ready,
 	.sweep = cache_sweep,

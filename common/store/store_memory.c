@@ -58,6 +58,7 @@ struct mem_entry {
 	bool completed;
 	char owner[STORE_OWNER_LEN + 1];
 	uint64_t lease_until;		/* in flight */
+	uint64_t created_at;		/* claimed (or taken over) */
 	uint64_t expires_at;
 	struct stored_response *resp;	/* completed */
 	size_t bytes;			/* accounted */
@@ -383,6 +384,7 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		memcpy(e->fp, c->fp, FP_LEN);
 		memcpy(e->owner, o->res.owner, sizeof(e->owner));
 		e->lease_until = now + c->lease_ms;
+		e->created_at = now;
 		e->expires_at = now + inflight_ttl(c);
 		e->bytes = need;
 		TAILQ_INIT(&e->waiters);
@@ -404,6 +406,7 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		}
 		memcpy(e->owner, o->res.owner, sizeof(e->owner));
 		e->lease_until = now + c->lease_ms;
+		e->created_at = now;
 		e->expires_at = now + inflight_ttl(c);
 		st = STORE_WON;
 	} else {
@@ -574,6 +577,91 @@ static struct store_op *mem_watch(struct store *s, struct event_base *base,
 	return &o->op;
 }
 
+/* The live record k, or NULL. Under mu. */
+static struct mem_entry **find_live(struct mem_store *m, const struct store_key *k,
+				    uint64_t now)
+{
+	char id[STORE_ID_MAX];
+	size_t len = store_key_id(k, id);
+	struct mem_entry **pp = find(m, id, len, id_hash(m, id, len));
+
+	return pp != NULL && !expired(*pp, now) ? pp : NULL;
+}
+
+/* What an operator sees of e. Under mu. */
+static void describe(const struct mem_entry *e, uint64_t now,
+		     struct store_record *rec)
+{
+	rec->found = STORE_IN_MEMORY;
+	rec->completed = e->completed;
+	memcpy(rec->fp, e->fp, FP_LEN);
+	rec->created_ms = store_unix_ms(e->created_at, now);
+	rec->expires_ms = store_unix_ms(e->expires_at, now);
+	if (e->completed) {
+		rec->status = e->resp->status;
+		rec->head_len = e->resp->head_len;
+		rec->body_len = e->resp->body_len;
+		rec->body_stored = e->resp->body_stored;
+	} else {
+		memcpy(rec->owner, e->owner, sizeof(rec->owner));
+		rec->lease_until_ms = store_unix_ms(e->lease_until, now);
+	}
+}
+
+static struct store_op *mem_inspect(struct store *s, struct event_base *base,
+				    const struct store_key *k, bool body,
+				    store_cb cb, void *arg)
+{
+	struct mem_store *m = (struct mem_store *)s;
+	struct mem_op *o = op_new(m, base, cb, arg);
+	struct mem_entry **pp;
+	enum store_status st = STORE_ABSENT;
+	uint64_t now;
+
+	if (o == NULL)
+		return NULL;
+	pthread_mutex_lock(&m->mu);
+	op_begin(m);
+	now = m->clock();
+	pp = find_live(m, k, now);
+	if (pp != NULL) {
+		describe(*pp, now, &o->res.rec);
+		if (body && (*pp)->completed)
+			o->res.resp = stored_response_ref((*pp)->resp);
+		st = STORE_OK;
+	}
+	op_end(m);
+	pthread_mutex_unlock(&m->mu);
+	return op_post(o, st);
+}
+
+/* Remove k whatever its state: its owner finds its record gone (FENCED),
+ * its waiters wake and claim again. */
+static struct store_op *mem_purge(struct store *s, struct event_base *base,
+				  const struct store_key *k, store_cb cb, void *arg)
+{
+	struct mem_store *m = (struct mem_store *)s;
+	struct mem_op *o = op_new(m, base, cb, arg);
+	struct mem_entry **pp;
+	enum store_status st = STORE_ABSENT;
+	uint64_t now;
+
+	if (o == NULL)
+		return NULL;
+	pthread_mutex_lock(&m->mu);
+	op_begin(m);
+	now = m->clock();
+	pp = find_live(m, k, now);
+	if (pp != NULL) {
+		describe(*pp, now, &o->res.rec);
+		remove_entry(m, pp);
+		st = STORE_OK;
+	}
+	op_end(m);
+	pthread_mutex_unlock(&m->mu);
+	return op_post(o, st);
+}
+
 static void mem_cancel(struct store_op *op)
 {
 	struct mem_op *o = (struct mem_op *)op;
@@ -642,6 +730,8 @@ static const struct store_ops mem_ops = {
 	.release = mem_release,
 	.extend = mem_extend,
 	.watch = mem_watch,
+	.inspect = mem_inspect,
+	.purge = mem_purge,
 	.cancel = mem_cancel,
 	.ready = mem_ready,
 	.sweep = mem_sweep,

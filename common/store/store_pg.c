@@ -184,6 +184,39 @@ static const char extend_sql[] =
 	"                             now() + $4 * interval '1 millisecond')\n"
 	" WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'";
 
+/*
+ * $1 scope, $2 key, $3 with the stored head and body. A live record (an
+ * in-flight one whose lease ran out included: it is what an operator looks
+ * for), times in Unix milliseconds.
+ */
+static const char inspect_sql[] =
+	"SELECT state, fingerprint, owner, status,\n"
+	"       octet_length(headers)::bigint, octet_length(body)::bigint,\n"
+	"       body IS NOT NULL,\n"
+	"       (extract(epoch FROM created_at) * 1000)::bigint,\n"
+	"       (extract(epoch FROM expires_at) * 1000)::bigint,\n"
+	"       (extract(epoch FROM lease_until) * 1000)::bigint,\n"
+	"       CASE WHEN $3 THEN headers END, CASE WHEN $3 THEN body END\n"
+	"  FROM idempotency_keys\n"
+	" WHERE scope = $1 AND key = $2 AND expires_at > now()";
+
+/*
+ * $1 scope, $2 key. Deletes the record whatever its state and owner (the
+ * owner is fenced: its completion finds no row), wakes its waiters
+ * ("<scope>:<key>") and tells every instance's cache ("purge:..."), also
+ * when there was no row: a copy may outlive a row deleted by hand. One row:
+ * the state the live record had, NULL when there was none.
+ */
+static const char purge_sql[] =
+	"WITH d AS (\n"
+	"  DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2\n"
+	"  RETURNING state, expires_at > now() AS live, fingerprint, status,\n"
+	"            owner)\n"
+	"SELECT (SELECT state FROM d WHERE live), (SELECT fingerprint FROM d),\n"
+	"       (SELECT owner FROM d), (SELECT status FROM d)\n"
+	"  FROM pg_notify('idemproxy', $1 || ':' || $2) AS wake,\n"
+	"       pg_notify('idemproxy', 'purge:' || $1 || ':' || $2) AS forget";
+
 /* One instance at a time (advisory lock), a batch, no long locks. */
 static const char sweep_sql[] =
 	"WITH lock AS (SELECT pg_try_advisory_xact_lock(" PG_LOCK_SWEEP ") AS ok),\n"
@@ -200,7 +233,8 @@ static const char sweep_sql[] =
 static const char *const stmt_names[] = {
 	[PG_CLAIM] = "idem_claim", [PG_COMPLETE] = "idem_complete",
 	[PG_RELEASE] = "idem_release", [PG_EXTEND] = "idem_extend",
-	[PG_SWEEP] = "idem_sweep",
+	[PG_SWEEP] = "idem_sweep", [PG_INSPECT] = "idem_inspect",
+	[PG_PURGE] = "idem_purge",
 };
 
 const char *pg_stmt_name(enum pg_kind kind)
@@ -353,6 +387,84 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 	pg_op_finish(o, STORE_IN_FLIGHT);
 }
 
+/* Copy a binary text or bytea column into out[cap] (NUL-terminated). */
+static void get_text(const PGresult *r, int row, int col, char *out, size_t cap)
+{
+	size_t n = (size_t)PQgetlength(r, row, col);
+
+	if (PQgetisnull(r, row, col) || n >= cap)
+		n = 0;
+	memcpy(out, PQgetvalue(r, row, col), n);
+	out[n] = '\0';
+}
+
+static int64_t get_ms(const PGresult *r, int row, int col)
+{
+	return PQgetisnull(r, row, col) ? 0 : (int64_t)get_int8(r, row, col);
+}
+
+/* A committed inspect: the record, and its stored response if asked. */
+static void inspect_result(struct pg_op *o, const PGresult *r)
+{
+	struct store_record *rec = &o->res.rec;
+	char state[16];
+
+	if (PQntuples(r) != 1) {
+		pg_op_finish(o, STORE_ABSENT);
+		return;
+	}
+	get_text(r, 0, 0, state, sizeof(state));
+	rec->found = STORE_IN_POSTGRES;
+	rec->completed = strcmp(state, "completed") == 0;
+	if (PQgetlength(r, 0, 1) == FP_LEN)
+		memcpy(rec->fp, PQgetvalue(r, 0, 1), FP_LEN);
+	if (!rec->completed)
+		get_text(r, 0, 2, rec->owner, sizeof(rec->owner));
+	if (!PQgetisnull(r, 0, 3))
+		rec->status = get_int4(r, 0, 3);
+	rec->head_len = (size_t)get_ms(r, 0, 4);
+	rec->body_len = (size_t)get_ms(r, 0, 5);
+	rec->body_stored = *PQgetvalue(r, 0, 6) != 0;
+	rec->created_ms = get_ms(r, 0, 7);
+	rec->expires_ms = get_ms(r, 0, 8);
+	rec->lease_until_ms = get_ms(r, 0, 9);
+	if (o->body && rec->completed) {
+		bool stored = !PQgetisnull(r, 0, 11);
+
+		o->res.resp = stored_response_new(rec->status,
+			PQgetvalue(r, 0, 10), (size_t)PQgetlength(r, 0, 10),
+			stored ? PQgetvalue(r, 0, 11) : "",
+			stored ? (size_t)PQgetlength(r, 0, 11) : 0, stored);
+		if (o->res.resp == NULL) {
+			pg_op_finish(o, STORE_ERROR);
+			return;
+		}
+	}
+	pg_op_finish(o, STORE_OK);
+}
+
+/* A committed purge: what the deleted record was. */
+static void purge_result(struct pg_op *o, const PGresult *r)
+{
+	struct store_record *rec = &o->res.rec;
+	char state[16];
+
+	if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
+		pg_op_finish(o, STORE_ABSENT);
+		return;
+	}
+	get_text(r, 0, 0, state, sizeof(state));
+	rec->found = STORE_IN_POSTGRES;
+	rec->completed = strcmp(state, "completed") == 0;
+	if (PQgetlength(r, 0, 1) == FP_LEN)
+		memcpy(rec->fp, PQgetvalue(r, 0, 1), FP_LEN);
+	if (!rec->completed)
+		get_text(r, 0, 2, rec->owner, sizeof(rec->owner));
+	if (!PQgetisnull(r, 0, 3))
+		rec->status = get_int4(r, 0, 3);
+	pg_op_finish(o, STORE_OK);
+}
+
 /* The batch of o committed: its statement's result is now its outcome. */
 void pg_op_committed(struct pg_op *o)
 {
@@ -380,6 +492,12 @@ void pg_op_committed(struct pg_op *o)
 					  strtol(PQgetvalue(r, 0, 1), NULL, 10));
 		}
 		pg_op_finish(o, STORE_OK);
+		return;
+	case PG_INSPECT:
+		inspect_result(o, r);
+		return;
+	case PG_PURGE:
+		purge_result(o, r);
 		return;
 	case PG_WATCH:
 		break;
@@ -430,6 +548,15 @@ int pg_send_op(struct pg_conn *c, struct pg_op *o)
 		snprintf(batch, sizeof(batch), "%d", PG_SWEEP_BATCH);
 		v[0] = batch;
 		n = 1;
+		break;
+	case PG_INSPECT:
+		v[0] = o->key.scope; v[1] = o->key.key;
+		v[2] = o->body ? "true" : "false";
+		n = 3;
+		break;
+	case PG_PURGE:
+		v[0] = o->key.scope; v[1] = o->key.key;
+		n = 2;
 		break;
 	case PG_WATCH:
 		return -1;
@@ -513,6 +640,30 @@ static struct store_op *pg_watch(struct store *st, struct event_base *base,
 		return NULL;
 	pg_watch_add(o);
 	return &o->op;
+}
+
+static struct store_op *pg_inspect(struct store *st, struct event_base *base,
+				   const struct store_key *k, bool body,
+				   store_cb cb, void *arg)
+{
+	struct pg_op *o = pg_op_new((struct pg_store *)st, base, PG_INSPECT, k,
+				 cb, arg);
+
+	if (o == NULL)
+		return NULL;
+	o->body = body;
+	return pg_op_submit(o);
+}
+
+static struct store_op *pg_purge(struct store *st, struct event_base *base,
+				 const struct store_key *k, store_cb cb, void *arg)
+{
+	struct pg_op *o = pg_op_new((struct pg_store *)st, base, PG_PURGE, k,
+				 cb, arg);
+
+	if (o == NULL)
+		return NULL;
+	return pg_op_submit(o);
 }
 
 /*
@@ -632,6 +783,8 @@ static const struct store_ops pg_ops_table = {
 	.release = pg_release,
 	.extend = pg_extend,
 	.watch = pg_watch,
+	.inspect = pg_inspect,
+	.purge = pg_purge,
 	.cancel = pg_cancel,
 	.ready = pg_ready,
 	.sweep = pg_sweep,
@@ -662,9 +815,12 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread)
 		     "PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint) AS %s;\n"
 		     "PREPARE idem_release (text, text, text) AS %s;\n"
 		     "PREPARE idem_extend (text, text, text, bigint) AS %s;\n"
-		     "PREPARE idem_sweep (int) AS %s;\n",
+		     "PREPARE idem_sweep (int) AS %s;\n"
+		     "PREPARE idem_inspect (text, text, boolean) AS %s;\n"
+		     "PREPARE idem_purge (text, text) AS %s;\n",
 		     store_pg_schema_sql, store_pg_claim_sql, store_pg_complete_sql,
-		     release_sql, extend_sql, sweep_sql) < 0)
+		     release_sql, extend_sql, sweep_sql, inspect_sql,
+		     purge_sql) < 0)
 		s->setup_sql = NULL;
 	if (s->conninfo == NULL || s->setup_sql == NULL) {
 		free(s->conninfo);

@@ -36,6 +36,8 @@ enum pg_kind {
 	PG_EXTEND,
 	PG_SWEEP,
 	PG_WATCH,
+	PG_INSPECT,
+	PG_PURGE,
 };
 
 /* Where an operation is; exactly one place at a time. */
@@ -76,6 +78,7 @@ struct pg_op {
 	char owner[STORE_OWNER_LEN + 1];
 	uint64_t lease_ms, ttl_ms;
 	struct stored_response *resp;
+	bool body;			/* inspect: the stored response too */
 };
 
 enum pgc_state {

@@ -70,6 +70,7 @@ struct redis_store;
 enum redis_op_kind {
 	OP_CLAIM,		/* struct redis_claim */
 	OP_COMPLETE,		/* struct redis_complete */
+	OP_ADMIN,		/* struct redis_admin: inspect or purge */
 };
 
 /* One Redis connection, used by one event_base (one thread). */
@@ -144,6 +145,39 @@ struct redis_complete {
 	store_cb cb;
 	void *arg;
 	struct store_op *inner;
+};
+
+/*
+ * An operator's inspect or purge: the inner store's first, then Redis'
+ * copy (GET or DEL), bounded by ADMIN_TIMEOUT_MS; a Redis that cannot be
+ * asked is named in rec.unreached, never an error.
+ */
+enum admin_state {
+	ADMIN_INNER,		/* the inner store's call pending */
+	ADMIN_REDIS,		/* GET or DEL sent: ticket and timer pending */
+	ADMIN_DELIVER,		/* the delivery event is active */
+};
+
+#define ADMIN_TIMEOUT_MS 1000
+
+struct admin_ticket {
+	struct redis_admin *op;		/* NULL: cancelled or timed out */
+};
+
+struct redis_admin {
+	struct store_op op;		/* first: the generic handle */
+	enum redis_op_kind kind;	/* OP_ADMIN */
+	enum admin_state state;
+	struct redis_store *rs;
+	struct event_base *base;
+	struct store_key key;
+	bool purge, body;
+	store_cb cb;
+	void *arg;
+	struct store_op *inner;		/* ADMIN_INNER */
+	struct admin_ticket *ticket;	/* ADMIN_REDIS */
+	struct event *ev;		/* the Redis timer, then delivery */
+	struct store_result res;
 };
 
 static const struct store_ops redis_ops;
@@ -764,6 +798,203 @@ static struct store_op *redis_complete(struct store *s, struct event_base *base,
 	return &o->op;
 }
 
+/* ---- inspect and purge ---- */
+
+static void admin_free(struct redis_admin *o)
+{
+	event_free(o->ev);
+	stored_response_unref(o->res.resp);
+	free(o);
+}
+
+static void admin_post(struct redis_admin *o)
+{
+	o->state = ADMIN_DELIVER;
+	event_active(o->ev, EV_TIMEOUT, 1);
+}
+
+static void admin_ev_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct redis_admin *o = arg;
+
+	(void)fd;
+	(void)what;
+	if (o->state == ADMIN_REDIS) {
+		/* Redis is slow: report without its copy */
+		o->ticket->op = NULL;
+		o->ticket = NULL;
+		o->res.rec.unreached |= STORE_IN_REDIS;
+		admin_post(o);
+		return;
+	}
+	o->cb(o->arg, &o->res);
+	admin_free(o);
+}
+
+/* What Redis said of its copy. A copy the inner store has no record for
+ * (it would still be replayed) is reported from here. */
+static void admin_reply(struct redis_admin *o, const redisReply *reply)
+{
+	struct store_record *rec = &o->res.rec;
+	struct stored_response *resp;
+	uint8_t fp[FP_LEN];
+
+	if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+		rec->unreached |= STORE_IN_REDIS;
+		return;
+	}
+	if (o->purge) {
+		if (reply->type != REDIS_REPLY_INTEGER || reply->integer == 0)
+			return;
+		rec->found |= STORE_IN_REDIS;
+		if (o->res.status == STORE_ABSENT) {
+			o->res.status = STORE_OK;
+			rec->completed = true;
+		}
+		return;
+	}
+	if (reply->type != REDIS_REPLY_STRING)
+		return;
+	resp = store_redis_decode(reply->str, reply->len, fp);
+	if (resp == NULL)
+		return;
+	rec->found |= STORE_IN_REDIS;
+	if (o->res.status == STORE_ABSENT) {
+		o->res.status = STORE_OK;
+		rec->completed = true;
+		memcpy(rec->fp, fp, FP_LEN);
+		rec->status = resp->status;
+		rec->head_len = resp->head_len;
+		rec->body_len = resp->body_len;
+		rec->body_stored = resp->body_stored;
+		if (o->body) {
+			o->res.resp = resp;
+			return;
+		}
+	}
+	stored_response_unref(resp);
+}
+
+static void admin_redis_cb(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct admin_ticket *t = priv;
+	struct redis_admin *o = t->op;
+	struct rconn *rc = ac->data;
+
+	free(t);
+	if (rc != NULL && rc->pending > 0)
+		rc->pending--;
+	if (o == NULL)
+		return;		/* cancelled or timed out */
+	o->ticket = NULL;
+	evtimer_del(o->ev);
+	admin_reply(o, r);
+	admin_post(o);
+}
+
+static void admin_inner_cb(void *arg, const struct store_result *res)
+{
+	struct redis_admin *o = arg;
+	struct rconn *rc = rc_get(o->rs, o->base, true);
+	char key[KEY_MAX];
+	struct timeval tv = clock_tv(ADMIN_TIMEOUT_MS);
+	int klen;
+
+	o->inner = NULL;
+	o->res = *res;
+	if (res->resp != NULL)
+		o->res.resp = stored_response_ref(res->resp);
+	if (res->status == STORE_ERROR && !o->purge)
+		goto post;
+	if (rc == NULL || rc->state != RC_UP || rc->pending >= MAX_PENDING ||
+	    (o->ticket = malloc(sizeof(*o->ticket))) == NULL) {
+		o->res.rec.unreached |= STORE_IN_REDIS;
+		goto post;
+	}
+	o->ticket->op = o;
+	klen = make_key(&o->key, key);
+	if (redisAsyncCommand(rc->ac, admin_redis_cb, o->ticket,
+			      o->purge ? "DEL %b" : "GET %b", key,
+			      (size_t)klen) != REDIS_OK) {
+		free(o->ticket);
+		o->ticket = NULL;
+		o->res.rec.unreached |= STORE_IN_REDIS;
+		goto post;
+	}
+	rc->pending++;
+	o->state = ADMIN_REDIS;
+	evtimer_add(o->ev, &tv);
+	return;
+post:
+	admin_post(o);
+}
+
+static struct store_op *redis_admin(struct store *s, struct event_base *base,
+				    const struct store_key *k, bool purge,
+				    bool body, store_cb cb, void *arg)
+{
+	struct redis_store *rs = (struct redis_store *)s;
+	struct redis_admin *o = calloc(1, sizeof(*o));
+
+	if (o == NULL)
+		return NULL;
+	o->op.store = s;
+	o->kind = OP_ADMIN;
+	o->state = ADMIN_INNER;
+	o->rs = rs;
+	o->base = base;
+	o->key = *k;
+	o->purge = purge;
+	o->body = body;
+	o->cb = cb;
+	o->arg = arg;
+	o->ev = event_new(base, -1, 0, admin_ev_cb, o);
+	if (o->ev == NULL) {
+		free(o);
+		return NULL;
+	}
+	o->inner = purge ? store_purge(rs->inner, base, k, admin_inner_cb, o) :
+			   store_inspect(rs->inner, base, k, body,
+					 admin_inner_cb, o);
+	if (o->inner == NULL) {
+		admin_free(o);
+		return NULL;
+	}
+	return &o->op;
+}
+
+static struct store_op *redis_inspect(struct store *s, struct event_base *base,
+				      const struct store_key *k, bool body,
+				      store_cb cb, void *arg)
+{
+	return redis_admin(s, base, k, false, body, cb, arg);
+}
+
+/* The inner store first: a claim can no longer find the record there and
+ * put it back into Redis by reading it through. */
+static struct store_op *redis_purge(struct store *s, struct event_base *base,
+				    const struct store_key *k, store_cb cb,
+				    void *arg)
+{
+	return redis_admin(s, base, k, true, false, cb, arg);
+}
+
+static void admin_cancel(struct redis_admin *o)
+{
+	switch (o->state) {
+	case ADMIN_INNER:
+		if (o->inner != NULL)
+			store_cancel(o->inner);
+		break;
+	case ADMIN_REDIS:
+		o->ticket->op = NULL;	/* the reply callback frees it */
+		break;
+	case ADMIN_DELIVER:
+		break;
+	}
+	admin_free(o);
+}
+
 /* ---- the rest: the inner store's ---- */
 
 static struct store_op *redis_release(struct store *s, struct event_base *base,
@@ -807,6 +1038,9 @@ static void redis_cancel(struct store_op *op)
 		if (c->inner != NULL)
 			store_cancel(c->inner);
 		complete_free(c);
+		break;
+	case OP_ADMIN:
+		admin_cancel((struct redis_admin *)op);
 		break;
 	}
 }
@@ -898,6 +1132,8 @@ static const struct store_ops redis_ops = {
 	.release = redis_release,
 	.extend = redis_extend,
 	.watch = redis_watch,
+	.inspect = redis_inspect,
+	.purge = redis_purge,
 	.cancel = redis_cancel,
 	.ready = redis_ready,
 	.sweep = redis_sweep,
