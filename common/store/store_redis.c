@@ -154,6 +154,7 @@ struct redis_complete {
  */
 enum admin_state {
 	ADMIN_INNER,		/* the inner store's call pending */
+	ADMIN_CONNECT,		/* this base's connection coming up: timer */
 	ADMIN_REDIS,		/* GET or DEL sent: ticket and timer pending */
 	ADMIN_DELIVER,		/* the delivery event is active */
 };
@@ -178,6 +179,7 @@ struct redis_admin {
 	struct admin_ticket *ticket;	/* ADMIN_REDIS */
 	struct event *ev;		/* the Redis timer, then delivery */
 	struct store_result res;
+	uint64_t deadline_ms;		/* monotonic: Redis' part gives up */
 };
 
 static const struct store_ops redis_ops;
@@ -813,12 +815,18 @@ static void admin_post(struct redis_admin *o)
 	event_active(o->ev, EV_TIMEOUT, 1);
 }
 
+static void admin_ask(struct redis_admin *o);
+
 static void admin_ev_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct redis_admin *o = arg;
 
 	(void)fd;
 	(void)what;
+	if (o->state == ADMIN_CONNECT) {
+		admin_ask(o);
+		return;
+	}
 	if (o->state == ADMIN_REDIS) {
 		/* Redis is slow: report without its copy */
 		o->ticket->op = NULL;
@@ -892,25 +900,27 @@ static void admin_redis_cb(redisAsyncContext *ac, void *r, void *priv)
 	admin_post(o);
 }
 
-static void admin_inner_cb(void *arg, const struct store_result *res)
+/* Send GET or DEL on this base's connection; one still coming up (the
+ * admin listener's first call) is waited for until the deadline. */
+static void admin_ask(struct redis_admin *o)
 {
-	struct redis_admin *o = arg;
 	struct rconn *rc = rc_get(o->rs, o->base, true);
+	uint64_t now = clock_ms();
 	char key[KEY_MAX];
-	struct timeval tv = clock_tv(ADMIN_TIMEOUT_MS);
+	struct timeval tv;
 	int klen;
 
-	o->inner = NULL;
-	o->res = *res;
-	if (res->resp != NULL)
-		o->res.resp = stored_response_ref(res->resp);
-	if (res->status == STORE_ERROR && !o->purge)
-		goto post;
-	if (rc == NULL || rc->state != RC_UP || rc->pending >= MAX_PENDING ||
-	    (o->ticket = malloc(sizeof(*o->ticket))) == NULL) {
-		o->res.rec.unreached |= STORE_IN_REDIS;
-		goto post;
+	if (rc != NULL && (rc->state == RC_CONNECTING ||
+			   rc->state == RC_SELECTING) && now < o->deadline_ms) {
+		o->state = ADMIN_CONNECT;
+		tv = clock_tv(10);
+		evtimer_add(o->ev, &tv);
+		return;
 	}
+	if (rc == NULL || rc->state != RC_UP || rc->pending >= MAX_PENDING ||
+	    now >= o->deadline_ms ||
+	    (o->ticket = malloc(sizeof(*o->ticket))) == NULL)
+		goto unreached;
 	o->ticket->op = o;
 	klen = make_key(&o->key, key);
 	if (redisAsyncCommand(rc->ac, admin_redis_cb, o->ticket,
@@ -918,15 +928,32 @@ static void admin_inner_cb(void *arg, const struct store_result *res)
 			      (size_t)klen) != REDIS_OK) {
 		free(o->ticket);
 		o->ticket = NULL;
-		o->res.rec.unreached |= STORE_IN_REDIS;
-		goto post;
+		goto unreached;
 	}
 	rc->pending++;
 	o->state = ADMIN_REDIS;
+	tv = clock_tv(o->deadline_ms - now);
 	evtimer_add(o->ev, &tv);
 	return;
-post:
+unreached:
+	o->res.rec.unreached |= STORE_IN_REDIS;
 	admin_post(o);
+}
+
+static void admin_inner_cb(void *arg, const struct store_result *res)
+{
+	struct redis_admin *o = arg;
+
+	o->inner = NULL;
+	o->res = *res;
+	if (res->resp != NULL)
+		o->res.resp = stored_response_ref(res->resp);
+	if (res->status == STORE_ERROR && !o->purge) {
+		admin_post(o);
+		return;
+	}
+	o->deadline_ms = clock_ms() + ADMIN_TIMEOUT_MS;
+	admin_ask(o);
 }
 
 static struct store_op *redis_admin(struct store *s, struct event_base *base,
@@ -989,6 +1016,7 @@ static void admin_cancel(struct redis_admin *o)
 	case ADMIN_REDIS:
 		o->ticket->op = NULL;	/* the reply callback frees it */
 		break;
+	case ADMIN_CONNECT:
 	case ADMIN_DELIVER:
 		break;
 	}
