@@ -8,7 +8,9 @@ What a purge must achieve is what users see: the same key executes again
 """
 import http.client
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -353,3 +355,26 @@ def test_token_file_must_be_readable(stub, tmp_path):
                            capture_output=True, text=True, timeout=30,
                            env=clean_env())
         assert r.returncode == 2 and "--admin-token-file" in r.stderr
+
+
+def test_token_rotated_on_sighup(keyed, token_file):
+    p = keyed()
+    key = newkey("rot")
+    post(p.port, key)
+    with open(token_file, "w") as f:
+        f.write("the-next-token-abcdefghijklmn\n")
+    p.signal(signal.SIGHUP)
+    deadline = time.monotonic() + 5
+    while admin(p, "GET", key, "body=1", token=TOKEN)[0] != 401:
+        assert time.monotonic() < deadline, p.log()
+        time.sleep(0.05)
+    assert admin(p, "GET", key, "body=1",
+                 token="the-next-token-abcdefghijklmn")[0] == 200
+    # a file that cannot be read keeps the running token
+    os.unlink(token_file)
+    p.signal(signal.SIGHUP)
+    while "keeping the running admin token" not in p.log():
+        assert time.monotonic() < deadline + 5, p.log()
+        time.sleep(0.05)
+    assert admin(p, "GET", key, "body=1",
+                 token="the-next-token-abcdefghijklmn")[0] == 200
