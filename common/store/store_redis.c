@@ -13,7 +13,9 @@
  *   (delivered next loop turn)           (result passed         connection,
  *                                         through)             inner claim
  *
- *   complete ──▶ inner complete ──OK──▶ SET key value PX ttl (no reply awaited)
+ *   complete ──▶ inner complete ──OK──▶ SET key value PX ttl NX (no reply
+ *                                        awaited)
+ *   purge    ──▶ inner purge ──▶ the old value, and a tombstone in its place
  *
  * One connection per (store, event_base), found through a thread-specific
  * list, so operations never take a lock. A GET's reply callback gets a
@@ -55,6 +57,18 @@
 #define BACKOFF_MAX_MS 5000
 #define MAX_PENDING 4096	/* commands awaiting replies, per connection */
 #define KEY_PREFIX "idemproxy:"
+/*
+ * A purge leaves this in place of the copy for TOMBSTONE_MS, and every
+ * copy is written with NX: a read-through or write-through that learned
+ * the record before the purge (its reply or statement was under way) and
+ * arrives after it cannot put the purged response back. Claims read it as
+ * a miss. Longer than any store operation lives (5 s).
+ */
+#define TOMBSTONE "idemproxy:purged"
+#define TOMBSTONE_MS 10000
+/* The old value (to say whether a copy was there), then the tombstone. */
+#define PURGE_LUA "local v = redis.call('GET', KEYS[1]) " \
+		  "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return v"
 #define KEY_MAX (sizeof(KEY_PREFIX) + STORE_SCOPE_LEN + 1 + IDEMKEY_MAX + 1)
 
 enum rconn_state {
@@ -149,13 +163,13 @@ struct redis_complete {
 
 /*
  * An operator's inspect or purge: the inner store's first, then Redis'
- * copy (GET or DEL), bounded by ADMIN_TIMEOUT_MS; a Redis that cannot be
+ * copy (GET, or the purge script), bounded by ADMIN_TIMEOUT_MS; a Redis that cannot be
  * asked is named in rec.unreached, never an error.
  */
 enum admin_state {
 	ADMIN_INNER,		/* the inner store's call pending */
 	ADMIN_CONNECT,		/* this base's connection coming up: timer */
-	ADMIN_REDIS,		/* GET or DEL sent: ticket and timer pending */
+	ADMIN_REDIS,		/* GET or EVAL sent: ticket and timer pending */
 	ADMIN_DELIVER,		/* the delivery event is active */
 };
 
@@ -258,6 +272,13 @@ struct stored_response *store_redis_decode(const char *buf, size_t len,
 	memcpy(fp, p + 4, FP_LEN);
 	return stored_response_new(status, buf + 43, head_len,
 				   buf + 47 + head_len, body_len, body_stored);
+}
+
+static bool is_tombstone(const redisReply *r)
+{
+	return r->type == REDIS_REPLY_STRING &&
+	       r->len == sizeof(TOMBSTONE) - 1 &&
+	       memcmp(r->str, TOMBSTONE, sizeof(TOMBSTONE) - 1) == 0;
 }
 
 static int make_key(const struct store_key *k, char buf[KEY_MAX])
@@ -599,6 +620,10 @@ static void get_cb(redisAsyncContext *ac, void *r, void *priv)
 	}
 	if (rc != NULL)
 		rc->backoff_ms = BACKOFF_MIN_MS;
+	if (is_tombstone(reply)) {
+		claim_fallback(o);	/* purged: ask the inner store */
+		return;
+	}
 	resp = store_redis_decode(reply->str, reply->len, fp);
 	if (resp == NULL) {
 		/* not ours, another version, or out of memory */
@@ -742,7 +767,7 @@ static void cache_put(struct redis_store *rs, struct event_base *base,
 		return;
 	}
 	klen = make_key(k, key);
-	if (redisAsyncCommand(rc->ac, set_cb, NULL, "SET %b %b PX %llu", key,
+	if (redisAsyncCommand(rc->ac, set_cb, NULL, "SET %b %b PX %llu NX", key,
 			      (size_t)klen, val, vlen,
 			      (unsigned long long)ttl_ms) == REDIS_OK)
 		rc->pending++;
@@ -851,9 +876,9 @@ static void admin_reply(struct redis_admin *o, const redisReply *reply)
 		rec->unreached |= STORE_IN_REDIS;
 		return;
 	}
+	if (reply->type != REDIS_REPLY_STRING || is_tombstone(reply))
+		return;		/* nil: no copy */
 	if (o->purge) {
-		if (reply->type != REDIS_REPLY_INTEGER || reply->integer == 0)
-			return;
 		rec->found |= STORE_IN_REDIS;
 		if (o->res.status == STORE_ABSENT) {
 			o->res.status = STORE_OK;
@@ -861,8 +886,6 @@ static void admin_reply(struct redis_admin *o, const redisReply *reply)
 		}
 		return;
 	}
-	if (reply->type != REDIS_REPLY_STRING)
-		return;
 	resp = store_redis_decode(reply->str, reply->len, fp);
 	if (resp == NULL)
 		return;
@@ -900,7 +923,7 @@ static void admin_redis_cb(redisAsyncContext *ac, void *r, void *priv)
 	admin_post(o);
 }
 
-/* Send GET or DEL on this base's connection; one still coming up (the
+/* Send GET, or the purge script, on this base's connection; one still coming up (the
  * admin listener's first call) is waited for until the deadline. */
 static void admin_ask(struct redis_admin *o)
 {
@@ -923,9 +946,12 @@ static void admin_ask(struct redis_admin *o)
 		goto unreached;
 	o->ticket->op = o;
 	klen = make_key(&o->key, key);
-	if (redisAsyncCommand(rc->ac, admin_redis_cb, o->ticket,
-			      o->purge ? "DEL %b" : "GET %b", key,
-			      (size_t)klen) != REDIS_OK) {
+	if ((o->purge ?
+	     redisAsyncCommand(rc->ac, admin_redis_cb, o->ticket,
+			       "EVAL %s 1 %b %s %d", PURGE_LUA, key,
+			       (size_t)klen, TOMBSTONE, TOMBSTONE_MS) :
+	     redisAsyncCommand(rc->ac, admin_redis_cb, o->ticket, "GET %b",
+			       key, (size_t)klen)) != REDIS_OK) {
 		free(o->ticket);
 		o->ticket = NULL;
 		goto unreached;

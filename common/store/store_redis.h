@@ -13,9 +13,15 @@
  *             unchanged. The inner store alone decides who wins.
  *   complete  the inner store's; when it says STORE_OK the record is written
  *             through (SET ... PX ttl_ms less the time since the call, so
- *             that the copy never outlives the record), fire and forget:
- *             failures are only counted
+ *             that the copy never outlives the record, NX), fire and
+ *             forget: failures are only counted
  *             (idemproxy_store_errors_total{store="redis"}).
+ *   inspect   the inner store's, then GET: a copy is added to found.
+ *   purge     the inner store's, then one script: the old value (found)
+ *             and, in its place, a tombstone for 10 s that claims read as
+ *             a miss and that the NX of every write leaves alone, so that
+ *             a read- or write-through under way during the purge cannot
+ *             put the purged response back.
  *   release, extend, watch, sweep, ready: the inner store's. Redis never
  *             affects readiness and is never an error: losing its data (down,
  *             slow, flushed, evicted) only sends claims to the inner store.

@@ -236,7 +236,7 @@ def test_purge_seen_by_a_second_instance_at_once(keyed, stub):
 
 
 @pytest.mark.stores("postgres+redis")
-def test_redis_copy_without_a_row(keyed, stub, pg_db):
+def test_redis_copy_without_a_row(keyed, stub, pg_db, redis):
     """A row deleted by hand leaves Redis' copy, which would still be
     replayed: GET shows it, DELETE removes it."""
     p = keyed("--response-cache", "0")
@@ -250,8 +250,16 @@ def test_redis_copy_without_a_row(keyed, stub, pg_db):
     assert replayed(post(p.port, key))
     status, _, doc = admin(p, "DELETE", key, token=TOKEN)
     assert status == 200 and doc["found_in"] == ["redis"]
+    # a tombstone stands in for the copy: a read- or write-through that
+    # learned the record before the purge cannot put it back (NX)
+    rkey = f"idemproxy::{key}"
+    assert redis.cmd("GET", rkey) == b"idemproxy:purged"
+    assert 0 < int(redis.cmd("PTTL", rkey)) <= 10000
+    assert admin(p, "GET", key)[0] == 404
     r = post(p.port, key)
     assert r.status == 200 and not replayed(r)
+    again = post(p.port, key)
+    assert replayed(again) and again.body == r.body
     assert executions(stub) == 2
 
 
