@@ -83,7 +83,8 @@ enum tls_error {
 	X(in_flight,            "Keyed requests this process is executing upstream.") \
 	X(sweep_lag_seconds,    "How long after expiry the oldest record of the last sweep batch was deleted.") \
 	X(response_cache_bytes, "Bytes held by the in-process response cache.") \
-	X(response_cache_entries, "Completed responses held by the in-process response cache.")
+	X(response_cache_entries, "Completed responses held by the in-process response cache.") \
+	X(store_up,             "1 while the idempotency store is reachable (what /readyz asks), else 0.")
 
 /* Plain counters: name, help. */
 #define COUNTER_LIST(X) \
@@ -120,7 +121,8 @@ enum store_kind {
 /* Histograms (seconds): name, help. */
 #define HISTOGRAM_LIST(X) \
 	X(upstream_seconds, "Time from issuing a request upstream to the end of its response.") \
-	X(wait_seconds,     "Time duplicates waited for the first request to settle.")
+	X(wait_seconds,     "Time duplicates waited for the first request to settle.") \
+	X(store_claim_seconds, "Time from a claim sent to the idempotency store to its answer (every layer: response cache, Redis, PostgreSQL).")
 
 enum histogram {
 #define X(name, help) HISTOGRAM_##name,

@@ -12,6 +12,7 @@ PACKAGES="
   python3 python3-pytest python3-yaml
   curl procps ca-certificates
   clang libclang-rt-14-dev
+  prometheus
 "
 
 missing=""
@@ -38,4 +39,15 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
 # The Debian packages start their system-wide services; idemproxy's demo and
 # tests run their own private instances on free ports and never use these.
+# prometheus is here for promtool only (deploy/prometheus tests): its
+# service would take port 9090, the admin port of the demo, so a service
+# this script brought in is stopped and disabled.
+case " $missing " in
+*" prometheus "*)
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+    echo "install-deps: prometheus installed for promtool; its service disabled"
+  fi
+  ;;
+esac
 echo "install-deps: done"

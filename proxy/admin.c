@@ -74,6 +74,7 @@ static void handle(struct evhttp_request *req, void *arg)
 		else
 			reply_text(req, 200, "OK", "text/plain", "ready\n", 6);
 	} else if (strcmp(path, "/metrics") == 0) {
+		metrics_gauge_set(GAUGE_store_up, store_ready(a->store) ? 1 : 0);
 		f = open_memstream(&text, &len);
 		if (f == NULL) {
 			evhttp_send_error(req, 500, NULL);

@@ -717,6 +717,8 @@ static void on_claim(void *arg, const struct store_result *res)
 	struct idem *ix = arg;
 
 	ix->op = NULL;
+	metrics_observe(HISTOGRAM_store_claim_seconds,
+			seconds_since(ix->claim_sent_ms));
 	switch (res->status) {
 	case STORE_WON:
 		if_set(ix, IF(OWNS));
