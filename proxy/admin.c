@@ -3,6 +3,7 @@
  */
 #include "admin.h"
 
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 
+#include "addrs.h"
 #include "admin_keys.h"
 #include "log.h"
 #include "metrics.h"
@@ -89,6 +91,42 @@ static void handle(struct evhttp_request *req, void *arg)
 	}
 }
 
+/*
+ * Listen on every address of host:port (Debian's "localhost" is ::1 and
+ * 127.0.0.1; a probe may use either). With port "0" the others take the
+ * port the kernel gave the first.
+ */
+static int bind_all(struct evhttp *http, const char *host, const char *port,
+		    char *err, size_t errlen)
+{
+	struct addrs a;
+	char h[NI_MAXHOST], p[NI_MAXSERV];
+
+	snprintf(p, sizeof(p), "%s", port);
+	if (addrs_resolve(&a, host, port, 1, "--admin-listen", err,
+			  errlen) < 0)
+		return -1;
+	for (int i = 0; i < a.n; i++) {
+		struct evhttp_bound_socket *b;
+		struct sockaddr_storage ss;
+		socklen_t len = sizeof(ss);
+
+		addrs_host((struct sockaddr *)&a.ss[i], a.len[i], h, sizeof(h));
+		b = evhttp_bind_socket_with_handle(http, h, (ev_uint16_t)atoi(p));
+		if (b == NULL) {
+			snprintf(err, errlen, "--admin-listen %s:%s: cannot "
+				 "listen on %s", host, p, h);
+			return -1;
+		}
+		if (strcmp(p, "0") == 0 &&
+		    getsockname(evhttp_bound_socket_get_fd(b),
+				(struct sockaddr *)&ss, &len) == 0)
+			getnameinfo((struct sockaddr *)&ss, len, NULL, 0, p,
+				    sizeof(p), NI_NUMERICSERV);
+	}
+	return 0;
+}
+
 struct admin *admin_new(struct event_base *base, const char *host,
 			const char *port, struct store *store, char *err,
 			size_t errlen)
@@ -105,11 +143,8 @@ struct admin *admin_new(struct event_base *base, const char *host,
 
 	evhttp_set_gencb(a->http, handle, a);
 	evhttp_set_timeout(a->http, 10);
-	if (evhttp_bind_socket(a->http, host, (ev_uint16_t)atoi(port)) < 0) {
-		snprintf(err, errlen, "--admin-listen %s:%s: cannot listen", host,
-			 port);
+	if (bind_all(a->http, host, port, err, errlen) < 0)
 		goto fail;
-	}
 	return a;
 fail:
 	if (a != NULL && a->http != NULL)

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include <event2/thread.h>
 #include <event2/util.h>
 
+#include "addrs.h"
 #include "admin.h"
 #include "admin_keys.h"
 #include "clock.h"
@@ -64,70 +66,84 @@ struct daemon {
  * bound without it fails when anyone holds the port. Our own workers'
  * sockets are not bound yet when the first one probes.
  */
-static bool port_free(const struct addrinfo *ai)
+static bool port_free(const struct sockaddr *sa, socklen_t len)
 {
-	static bool probed;
 	int fd, one = 1;
 	bool ok;
 
-	if (probed)
-		return true;	/* only before the first of our sockets */
-	probed = true;
-	fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+	fd = socket(sa->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return true;	/* let the real bind report */
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	ok = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+	ok = bind(fd, sa, len) == 0;
 	close(fd);
 	return ok;
 }
 
-/* Open one listening socket on host:port. With *port "0" the kernel picks,
- * and *port is rewritten so that the other workers share the same port. */
-static evutil_socket_t open_listener(const char *host, char *port, size_t portlen,
-				     char *err, size_t errlen)
+static void set_port(struct sockaddr_storage *ss, const char *port)
 {
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-				  .ai_flags = AI_PASSIVE };
-	struct addrinfo *res = NULL;
-	evutil_socket_t fd = -1;
-	struct sockaddr_storage ss;
-	socklen_t sslen = sizeof(ss);
-	int one = 1;
-	int rc;
+	uint16_t p = htons((uint16_t)atoi(port));
 
-	rc = getaddrinfo(host, port, &hints, &res);
-	if (rc != 0) {
-		snprintf(err, errlen, "--listen %s:%s: %s", host, port,
-			 gai_strerror(rc));
-		return -1;
-	}
-	if (strcmp(port, "0") != 0 && !port_free(res)) {
-		errno = EADDRINUSE;
-		goto fail;
-	}
-	fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		goto fail;
-	if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
-	    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0 ||
-	    bind(fd, res->ai_addr, res->ai_addrlen) < 0 ||
-	    listen(fd, LISTEN_BACKLOG) < 0 ||
-	    evutil_make_socket_nonblocking(fd) < 0)
-		goto fail;
-	if (getsockname(fd, (struct sockaddr *)&ss, &sslen) == 0) {
-		char h[NI_MAXHOST];
+	if (ss->ss_family == AF_INET6)
+		((struct sockaddr_in6 *)ss)->sin6_port = p;
+	else
+		((struct sockaddr_in *)ss)->sin_port = p;
+}
 
-		getnameinfo((struct sockaddr *)&ss, sslen, h, sizeof(h), port,
-			    (socklen_t)portlen, NI_NUMERICHOST | NI_NUMERICSERV);
+/*
+ * Open a listening socket on every address of --listen (a name such as
+ * "localhost" may have ::1 and 127.0.0.1, and clients use either) into
+ * fds. With *port "0" the kernel picks for the first address, and *port is
+ * rewritten so that the others, and the other workers, share it. probe:
+ * check first that nobody else holds the port (the first worker). Returns
+ * the number of sockets, or -1 with err set (none left open).
+ */
+static int open_listeners(const struct addrs *a, char *port, size_t portlen,
+			  bool probe, evutil_socket_t *fds, char *err,
+			  size_t errlen)
+{
+	char where[ADDRS_STRLEN];
+	int n = 0, one = 1;
+
+	for (; n < a->n; n++) {
+		struct sockaddr_storage ss = a->ss[n];
+		socklen_t sslen = a->len[n];
+		evutil_socket_t fd;
+
+		set_port(&ss, port);
+		addrs_str((struct sockaddr *)&ss, sslen, where, sizeof(where));
+		if (probe && strcmp(port, "0") != 0 &&
+		    !port_free((struct sockaddr *)&ss, sslen)) {
+			errno = EADDRINUSE;
+			goto fail;
+		}
+		fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0)
+			goto fail;
+		fds[n] = fd;
+		/* [::] alone takes IPv4 too; beside 0.0.0.0 it must not */
+		if (ss.ss_family == AF_INET6 && a->n > 1 &&
+		    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) < 0)
+			goto fail_fd;
+		if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+		    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0 ||
+		    bind(fd, (struct sockaddr *)&ss, sslen) < 0 ||
+		    listen(fd, LISTEN_BACKLOG) < 0 ||
+		    evutil_make_socket_nonblocking(fd) < 0)
+			goto fail_fd;
+		sslen = sizeof(ss);
+		if (strcmp(port, "0") == 0 &&
+		    getsockname(fd, (struct sockaddr *)&ss, &sslen) == 0)
+			getnameinfo((struct sockaddr *)&ss, sslen, NULL, 0, port,
+				    (socklen_t)portlen, NI_NUMERICSERV);
 	}
-	freeaddrinfo(res);
-	return fd;
+	return n;
+fail_fd:
+	n++;	/* fds[n] is open too */
 fail:
-	snprintf(err, errlen, "--listen %s:%s: %s", host, port, strerror(errno));
-	if (fd >= 0)
-		close(fd);
-	freeaddrinfo(res);
+	snprintf(err, errlen, "--listen %s: %s", where, strerror(errno));
+	while (n-- > 0)
+		close(fds[n]);
 	return -1;
 }
 
@@ -276,6 +292,7 @@ static int run(struct daemon *d)
 	struct upstream_target target = { .host = cfg->upstream_hp.host,
 					  .port = cfg->upstream_hp.port,
 					  .tls = d->up_tls };
+	struct addrs listen;
 	char port[32];
 	char err[512];
 	char store[1024];
@@ -302,16 +319,22 @@ static int run(struct daemon *d)
 		goto out;
 	d->nworkers = cfg->workers;
 	snprintf(port, sizeof(port), "%s", cfg->listen_hp.port);
+	if (addrs_resolve(&listen, cfg->listen_hp.host, port, 1, "--listen",
+			  err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		goto out;
+	}
 	for (int i = 0; i < d->nworkers; i++) {
-		evutil_socket_t fd = open_listener(cfg->listen_hp.host, port,
-						   sizeof(port), err, sizeof(err));
+		evutil_socket_t fds[ADDRS_MAX];
+		int nfds = open_listeners(&listen, port, sizeof(port), i == 0,
+					  fds, err, sizeof(err));
 
-		if (fd < 0) {
+		if (nfds < 0) {
 			log_error("%s", err);
 			goto out;
 		}
-		if (worker_init(&d->workers[i], i, cfg, fd, &target, d->store,
-				d->tls) < 0)
+		if (worker_init(&d->workers[i], i, cfg, fds, nfds, &target,
+				d->store, d->tls) < 0)
 			goto out;
 		worker_on_done(&d->workers[i], worker_finished, d);
 		d->started = i + 1;	/* initialised: worker_free is due */

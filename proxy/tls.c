@@ -286,16 +286,46 @@ static bool plain_http(unsigned long e)
 		ERR_GET_REASON(e) == SSL_R_HTTPS_PROXY_REQUEST);
 }
 
+/*
+ * Take the errors libevent queued on bev. It queues SSL_get_error()'s code
+ * (SSL_ERROR_SSL, SSL_ERROR_SYSCALL: small numbers, no library) before
+ * OpenSSL's own error codes; printed as an OpenSSL error the former reads
+ * "error:00000005:lib(0)::reason(5)". Returns the first OpenSSL error (0
+ * when none) and sets *syscall when the failure was the socket's.
+ */
+static unsigned long take_errors(struct bufferevent *bev, bool *syscall)
+{
+	unsigned long e, first = 0;
+
+	*syscall = false;
+	while ((e = bufferevent_get_openssl_error(bev)) != 0) {
+		if (ERR_GET_LIB(e) == 0 && !ERR_SYSTEM_ERROR(e)) {
+			if (e == SSL_ERROR_SYSCALL)
+				*syscall = true;
+		} else if (first == 0) {
+			first = e;
+		}
+	}
+	ERR_clear_error();
+	return first;
+}
+
+/* A failure of the socket under TLS: errno's text, or a close. */
+static void socket_reason(int sys, const char *closed, char *why, size_t len)
+{
+	if (sys != 0 && sys != EAGAIN && sys != EWOULDBLOCK)
+		snprintf(why, len, "%s", strerror(sys));
+	else
+		snprintf(why, len, "%s", closed);
+}
+
 enum tls_error tls_handshake_error(struct bufferevent *bev, short what,
 				   char *why, size_t len)
 {
-	unsigned long e, first = 0;
 	int sys = EVUTIL_SOCKET_ERROR();
+	bool syscall;
+	unsigned long first = take_errors(bev, &syscall);
 
-	while ((e = bufferevent_get_openssl_error(bev)) != 0)
-		if (first == 0)
-			first = e;
-	ERR_clear_error();
 	if (what & BEV_EVENT_TIMEOUT) {
 		snprintf(why, len, "timed out");
 		return TLS_ERROR_TIMEOUT;
@@ -305,8 +335,8 @@ enum tls_error tls_handshake_error(struct bufferevent *bev, short what,
 		return plain_http(first) ? TLS_ERROR_PLAIN_HTTP :
 					   TLS_ERROR_PROTOCOL;
 	}
-	snprintf(why, len, "%s", (what & BEV_EVENT_EOF) || sys == 0 ?
-		 "closed by the client" : strerror(sys));
+	socket_reason((what & BEV_EVENT_EOF) ? 0 : sys, "closed by the client",
+		      why, len);
 	return TLS_ERROR_EOF;
 }
 
@@ -453,18 +483,14 @@ void tls_upstream_free(struct tls_upstream *t)
 	free(t);
 }
 
-bool tls_upstream_failed(struct bufferevent *bev, bool fresh, char *why,
-			 size_t len)
+bool tls_upstream_failed(struct bufferevent *bev, bool fresh, bool handshake,
+			 int sys, char *why, size_t len)
 {
 	SSL *ssl = bufferevent_openssl_get_ssl(bev);
-	unsigned long e, first = 0;
-	bool asked;
+	bool asked, syscall;
+	unsigned long first = take_errors(bev, &syscall);
 	long v;
 
-	while ((e = bufferevent_get_openssl_error(bev)) != 0)
-		if (first == 0)
-			first = e;
-	ERR_clear_error();
 	if (ssl == NULL)
 		return false;
 	v = SSL_get_verify_result(ssl);
@@ -474,10 +500,13 @@ bool tls_upstream_failed(struct bufferevent *bev, bool fresh, char *why,
 		return true;
 	}
 	asked = fresh && SSL_get_ex_data(ssl, asked_slot) != NULL;
-	if (first == 0 && !asked)
+	if (first == 0 && !asked && !handshake)
 		return false;
 	if (first != 0)
 		err_reason(first, why, len);
+	else if (handshake)
+		socket_reason(syscall ? sys : 0,
+			      "connection closed during the handshake", why, len);
 	else
 		snprintf(why, len, "closed by the upstream");
 	if (asked) {

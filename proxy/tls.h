@@ -99,9 +99,11 @@ void tls_upstream_free(struct tls_upstream *t);
  * OpenSSL errors. fresh: the connection is new and no response byte came;
  * then a close or reset after the upstream asked for a client certificate
  * we do not have is TLS too (the refusal's alert may be lost to the reset).
+ * handshake: it was under way, so any close or socket error (errno sys)
+ * is the handshake's failure, reported as such.
  */
-bool tls_upstream_failed(struct bufferevent *bev, bool fresh, char *why,
-			 size_t len);
+bool tls_upstream_failed(struct bufferevent *bev, bool fresh, bool handshake,
+			 int sys, char *why, size_t len);
 
 /* ---- both ------------------------------------------------------------- */
 

@@ -7,6 +7,13 @@
  *                                                      ▼        (UP_ST_IDLE)
  *                                        error / abort: closed, freed
  *
+ * Connecting: the upstream's name may have several addresses (Debian's
+ * "localhost" is ::1 then 127.0.0.1). A new connection starts at the one
+ * that answered last; when its TCP connect is refused, unreachable or not
+ * answered within UP_ADDR_CONNECT_MS, the next one is tried with the same
+ * queued request bytes (none of which can have left: there was no
+ * connection). Only the last address gets the whole timeout.
+ *
  * Response parsing: llhttp reads the status line and headers and pauses in
  * on_headers_complete. Content-Length and close-delimited bodies are then
  * moved out of the input buffer without llhttp (and without copying);
@@ -32,6 +39,7 @@
 #include <llhttp.h>
 #include <openssl/ssl.h>
 
+#include "addrs.h"
 #include "clock.h"
 #include "h1.h"
 #include "log.h"
@@ -47,6 +55,9 @@
 #define UP_WRITE_LOW (64 * 1024)
 /* The response head must fit in this; larger is a protocol error. */
 #define UP_MAX_HEAD (64 * 1024)
+/* A TCP connect to one of several addresses gets this long before the next
+ * address is tried: a SYN and a retransmission across a data centre. */
+#define UP_ADDR_CONNECT_MS 2000
 
 enum up_state {
 	UP_ST_CONNECTING,	/* connect() under way, request may be queued */
@@ -80,6 +91,9 @@ struct upstream {
 	int depth;		/* callbacks of ours on the stack */
 
 	struct event *flush;		/* write the output at the end of the turn */
+	struct event *next_addr;	/* UP_ADDR_CONNECT_MS of this address */
+	int addr;		/* index in the pool's addresses: connecting to */
+	int tried;		/* addresses tried for this connection */
 
 	llhttp_t parser;
 	struct h1_head head;	/* the response head being read */
@@ -96,6 +110,7 @@ struct upstream_pool {
 	struct evdns_getaddrinfo_request *resolving;
 	struct upstream_target target;
 	bool literal;		/* host is an IP address: never re-resolve */
+	int cur;		/* the address that connected last: tried first */
 	struct upstream_list idle;
 	int nidle;
 	int nbusy;
@@ -103,6 +118,12 @@ struct upstream_pool {
 };
 
 static void set_timeouts(struct upstream *u);
+static void read_cb(struct bufferevent *bev, void *arg);
+static void write_cb(struct bufferevent *bev, void *arg);
+static void event_cb(struct bufferevent *bev, short what, void *arg);
+static void output_added(struct evbuffer *buf,
+			 const struct evbuffer_cb_info *info, void *arg);
+static bool up_try_next(struct upstream *u, const char *why);
 static int on_header_field(llhttp_t *p, const char *at, size_t len);
 static int on_header_value(llhttp_t *p, const char *at, size_t len);
 static int on_header_value_complete(llhttp_t *p);
@@ -121,21 +142,8 @@ static llhttp_settings_t parser_settings = {
 
 int upstream_resolve(struct upstream_target *t, char *err, size_t errlen)
 {
-	struct addrinfo hints = { .ai_family = AF_UNSPEC,
-				  .ai_socktype = SOCK_STREAM };
-	struct addrinfo *res = NULL;
-	int rc;
-
-	rc = getaddrinfo(t->host, t->port, &hints, &res);
-	if (rc != 0) {
-		snprintf(err, errlen, "cannot resolve upstream %s:%s: %s",
-			 t->host, t->port, gai_strerror(rc));
-		return -1;
-	}
-	memcpy(&t->addr, res->ai_addr, res->ai_addrlen);
-	t->addrlen = res->ai_addrlen;
-	freeaddrinfo(res);
-	return 0;
+	return addrs_resolve(&t->addrs, t->host, t->port, 0, "--upstream",
+			     err, errlen);
 }
 
 static void parser_reset(struct upstream *u)
@@ -151,6 +159,7 @@ static void up_free(struct upstream *u)
 	h1_head_free(&u->head);
 	evbuffer_free(u->chunk);
 	event_free(u->flush);
+	event_free(u->next_addr);
 	free(u);
 }
 
@@ -176,6 +185,7 @@ static void up_close(struct upstream *u)
 	u->bev = NULL;
 	u->cbs = NULL;
 	event_del(u->flush);
+	event_del(u->next_addr);
 	metrics_gauge_add(GAUGE_upstream_connections, -1);
 	if (u->depth == 0)
 		up_free(u);
@@ -195,6 +205,7 @@ static bool up_leave(struct upstream *u)
 static void dns_done(int result, struct evutil_addrinfo *res, void *arg)
 {
 	struct upstream_pool *p = arg;
+	struct addrs addrs;
 
 	p->resolving = NULL;
 	if (result != 0) {
@@ -203,10 +214,13 @@ static void dns_done(int result, struct evutil_addrinfo *res, void *arg)
 				 p->target.host, evutil_gai_strerror(result));
 		return;
 	}
-	memcpy(&p->target.addr, res->ai_addr, res->ai_addrlen);
-	p->target.addrlen = res->ai_addrlen;
+	if (addrs_from_addrinfo(&addrs, res) > 0) {
+		p->target.addrs = addrs;
+		p->cur = 0;
+		log_info("upstream %s re-resolved: %d address%s", p->target.host,
+			 addrs.n, addrs.n == 1 ? "" : "es");
+	}
 	evutil_freeaddrinfo(res);
-	log_info("upstream %s re-resolved", p->target.host);
 }
 
 /* A connect failed: the address may have moved (a restarted container).
@@ -533,12 +547,13 @@ static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *in
 /* An error or a close on an https connection that TLS explains (a
  * certificate that does not verify, an alert, a refused client
  * certificate): log why once, and fail the exchange. */
-static bool tls_fail(struct upstream *u, struct bufferevent *bev)
+static bool tls_fail(struct upstream *u, struct bufferevent *bev, int sys)
 {
 	char why[256];
 
 	if (u->pool->target.tls == NULL ||
-	    !tls_upstream_failed(bev, !u->reused && !u->got_bytes, why,
+	    !tls_upstream_failed(bev, !u->reused && !u->got_bytes,
+				 u->state == UP_ST_CONNECTING, sys, why,
 				 sizeof(why)))
 		return false;
 	log_warn("upstream %s:%s: TLS: %s", u->pool->target.host,
@@ -547,9 +562,75 @@ static bool tls_fail(struct upstream *u, struct bufferevent *bev)
 	return true;
 }
 
+/* The address u is connecting to, numeric, for the log. */
+static const char *up_addr_str(const struct upstream *u, char *buf, size_t len)
+{
+	const struct addrs *a = &u->pool->target.addrs;
+
+	if (u->addr >= a->n)
+		return "?";
+	return addrs_str((const struct sockaddr *)&a->ss[u->addr],
+			 a->len[u->addr], buf, len);
+}
+
+/* Is u's TCP connection established (as opposed to still, or never)? */
+static bool tcp_connected(const struct upstream *u)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+
+	return getpeername(bufferevent_getfd(u->bev), (struct sockaddr *)&ss,
+			   &len) == 0;
+}
+
+/* errno values that only a TCP connect gives: the request cannot have
+ * reached anyone. */
+static bool connect_errno(int e)
+{
+	return e == ECONNREFUSED || e == ENETUNREACH || e == EHOSTUNREACH ||
+	       e == EADDRNOTAVAIL || e == ENETDOWN || e == EHOSTDOWN ||
+	       e == EAFNOSUPPORT || e == EACCES || e == EPERM;
+}
+
+/*
+ * An event while connecting: did the TCP connect itself fail (no
+ * connection, so nothing was sent)? Over plain TCP every failure before
+ * BEV_EVENT_CONNECTED is; over TLS, CONNECTED comes after the handshake,
+ * so a failure is the connect's only when errno says so, or when a timeout
+ * finds no connection.
+ */
+static bool connect_failed(const struct upstream *u, short what, int sys)
+{
+	if (what & BEV_EVENT_TIMEOUT)
+		return !tcp_connected(u);
+	if (u->pool->target.tls == NULL)
+		return true;
+	return connect_errno(sys);
+}
+
+/* The TCP connect failed: try the next address, or fail the exchange. */
+static void up_connect_failed(struct upstream *u, short what, int sys)
+{
+	char why[128], addr[ADDRS_STRLEN];
+	bool timeout = (what & BEV_EVENT_TIMEOUT) != 0;
+
+	if (timeout)
+		snprintf(why, sizeof(why), "timed out");
+	else
+		snprintf(why, sizeof(why), "%s",
+			 sys != 0 ? strerror(sys) : "connection failed");
+	if (up_try_next(u, why))
+		return;
+	log_warn("upstream %s:%s: connect to %s failed: %s",
+		 u->pool->target.host, u->pool->target.port,
+		 up_addr_str(u, addr, sizeof(addr)), why);
+	up_fail(u, timeout ? UPSTREAM_ERROR_TIMEOUT : UPSTREAM_ERROR_CONNECT);
+}
+
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct upstream *u = arg;
+	int sys = EVUTIL_SOCKET_ERROR();	/* before any call changes it */
 
 	if (what & BEV_EVENT_CONNECTED) {
 		evutil_socket_t fd = bufferevent_getfd(bev);
@@ -558,6 +639,8 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		u->state = UP_ST_BUSY;
+		u->pool->cur = u->addr;	/* the next connection starts here */
+		event_del(u->next_addr);
 		if (ssl != NULL) {
 			set_timeouts(u);	/* the handshake's read timeout off */
 			metrics_count(COUNTER_upstream_tls_handshakes_total);
@@ -570,19 +653,18 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 		up_close(u);	/* idle timeout or the upstream closed it */
 		return;
 	}
+	if (u->state == UP_ST_CONNECTING && connect_failed(u, what, sys)) {
+		up_connect_failed(u, what, sys);
+		return;
+	}
 	if (((what & BEV_EVENT_ERROR) ||
 	     ((what & BEV_EVENT_EOF) && !u->reused && !u->got_bytes)) &&
-	    u->phase != UP_PH_DONE && tls_fail(u, bev))
+	    u->phase != UP_PH_DONE && tls_fail(u, bev, sys))
 		return;
 	if (u->state == UP_ST_CONNECTING) {
-		if (what & BEV_EVENT_TIMEOUT) {
-			up_fail(u, UPSTREAM_ERROR_TIMEOUT);
-		} else {
-			log_warn("upstream %s:%s: connect failed: %s",
-				 u->pool->target.host, u->pool->target.port,
-				 evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
-			up_fail(u, UPSTREAM_ERROR_CONNECT);
-		}
+		/* a TLS handshake that timed out or was cut short */
+		up_fail(u, (what & BEV_EVENT_TIMEOUT) ? UPSTREAM_ERROR_TIMEOUT :
+							UPSTREAM_ERROR_RESET);
 		return;
 	}
 	if (what & BEV_EVENT_TIMEOUT) {
@@ -685,34 +767,149 @@ static struct bufferevent *tls_bev(struct upstream_pool *p)
 	return bev;
 }
 
-static struct upstream *up_connect(struct upstream_pool *p)
+/* A new bufferevent for u, TLS when the target is https, its callbacks
+ * set. Returns NULL when none could be made. */
+static struct bufferevent *up_new_bev(struct upstream *u)
+{
+	struct upstream_pool *p = u->pool;
+	struct bufferevent *bev;
+
+	if (p->target.tls != NULL)
+		bev = tls_bev(p);
+	else
+		bev = bufferevent_socket_new(p->base, -1, BEV_OPT_CLOSE_ON_FREE);
+	if (bev == NULL)
+		return NULL;
+	if (evbuffer_add_cb(bufferevent_get_output(bev), output_added, u) == NULL) {
+		bufferevent_free(bev);
+		return NULL;
+	}
+	bufferevent_setcb(bev, read_cb, write_cb, event_cb, u);
+	bufferevent_setwatermark(bev, EV_WRITE, UP_WRITE_LOW, 0);
+	return bev;
+}
+
+/*
+ * Start connecting u->bev to address u->addr (and, for https, the
+ * handshake). When more addresses remain, this one gets at most
+ * UP_ADDR_CONNECT_MS. Returns -1 when no socket could be made.
+ */
+static int up_dial(struct upstream *u)
+{
+	struct upstream_pool *p = u->pool;
+	const struct addrs *a = &p->target.addrs;
+	uint64_t ms = (uint64_t)u->timeout.tv_sec * 1000 +
+		      (uint64_t)u->timeout.tv_usec / 1000;
+
+	u->tried++;
+	if (bufferevent_socket_connect(u->bev,
+			(const struct sockaddr *)&a->ss[u->addr],
+			(int)a->len[u->addr]) < 0) {
+		/* Reported through event_cb on the next loop turn for most
+		 * errors; a hard failure here is fd exhaustion. */
+		log_warn("upstream: cannot connect: %s", strerror(errno));
+		return -1;
+	}
+	if (p->target.tls != NULL)
+		tls_upstream_resume(u->bev, p->session);
+	if (u->tried < a->n) {
+		struct timeval tv = clock_tv(ms < UP_ADDR_CONNECT_MS ?
+					     ms : UP_ADDR_CONNECT_MS);
+
+		event_add(u->next_addr, &tv);
+	}
+	set_timeouts(u);
+	/* EV_WRITE: the connect */
+	bufferevent_enable(u->bev, u->read_paused ? EV_WRITE : EV_READ | EV_WRITE);
+	return 0;
+}
+
+/*
+ * The TCP connect of u failed (why): carry the request bytes queued so far
+ * over to a connection to the next address. Returns false when every
+ * address was tried or no socket could be made; u is unchanged then and
+ * the caller fails the exchange.
+ */
+static bool up_try_next(struct upstream *u, const char *why)
+{
+	struct upstream_pool *p = u->pool;
+	struct bufferevent *old = u->bev;
+	struct evbuffer *out = bufferevent_get_output(old);
+	char was[ADDRS_STRLEN], next[ADDRS_STRLEN];
+	int old_addr = u->addr;
+
+	if (u->tried >= p->target.addrs.n)
+		return false;
+	u->bev = up_new_bev(u);
+	if (u->bev == NULL) {
+		u->bev = old;
+		return false;
+	}
+	up_addr_str(u, was, sizeof(was));
+	u->addr = (u->addr + 1) % p->target.addrs.n;
+	event_del(u->next_addr);
+	if (up_dial(u) < 0) {
+		bufferevent_free(u->bev);
+		u->bev = old;
+		u->addr = old_addr;
+		return false;
+	}
+	log_warn("upstream %s:%s: connect to %s failed: %s; trying %s",
+		 p->target.host, p->target.port, was, why,
+		 up_addr_str(u, next, sizeof(next)));
+	evbuffer_unfreeze(out, 1);
+	evbuffer_add_buffer(bufferevent_get_output(u->bev), out);
+	if (p->target.tls != NULL)
+		tls_upstream_closing(old, false);
+	bufferevent_free(old);
+	return true;
+}
+
+static void next_addr_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct upstream *u = arg;
+	char why[64];
+
+	if (u->dead || u->state != UP_ST_CONNECTING || tcp_connected(u))
+		return;		/* connected: a TLS handshake, timed as one */
+	snprintf(why, sizeof(why), "no answer within %d ms", UP_ADDR_CONNECT_MS);
+	if (!up_try_next(u, why))
+		up_fail(u, UPSTREAM_ERROR_CONNECT);
+}
+
+/* A new connection to the address that answered last. */
+static struct upstream *up_connect(struct upstream_pool *p, uint64_t timeout_ms)
 {
 	struct upstream *u = calloc(1, sizeof(*u));
 
 	if (u == NULL)
 		return NULL;
 	u->pool = p;
+	u->timeout = clock_tv(timeout_ms);
+	u->addr = p->cur < p->target.addrs.n ? p->cur : 0;
+	u->state = UP_ST_CONNECTING;
 	u->chunk = evbuffer_new();
-	if (p->target.tls != NULL)
-		u->bev = tls_bev(p);
-	else
-		u->bev = bufferevent_socket_new(p->base, -1, BEV_OPT_CLOSE_ON_FREE);
 	u->flush = event_new(p->base, -1, 0, flush_cb, u);
-	if (u->chunk == NULL || u->bev == NULL || u->flush == NULL ||
-	    evbuffer_add_cb(bufferevent_get_output(u->bev), output_added, u) == NULL)
+	u->next_addr = evtimer_new(p->base, next_addr_cb, u);
+	if (u->chunk == NULL || u->flush == NULL || u->next_addr == NULL)
+		goto fail;
+	u->bev = up_new_bev(u);
+	if (u->bev == NULL)
 		goto fail;
 	h1_head_init(&u->head, UP_MAX_HEAD);
-	bufferevent_setcb(u->bev, read_cb, write_cb, event_cb, u);
-	bufferevent_setwatermark(u->bev, EV_WRITE, UP_WRITE_LOW, 0);
-	u->state = UP_ST_CONNECTING;
+	if (up_dial(u) < 0) {
+		bufferevent_free(u->bev);
+		up_free(u);
+		return NULL;
+	}
 	return u;
 fail:
-	if (u->bev != NULL)
-		bufferevent_free(u->bev);
 	if (u->chunk != NULL)
 		evbuffer_free(u->chunk);
 	if (u->flush != NULL)
 		event_free(u->flush);
+	if (u->next_addr != NULL)
+		event_free(u->next_addr);
 	free(u);
 	return NULL;
 }
@@ -748,21 +945,9 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 		u->state = UP_ST_BUSY;
 		u->reused = true;
 	} else {
-		u = up_connect(p);
+		u = up_connect(p, timeout_ms);
 		if (u == NULL)
 			return NULL;
-		if (bufferevent_socket_connect(u->bev,
-				(struct sockaddr *)&p->target.addr,
-				(int)p->target.addrlen) < 0) {
-			/* Reported through event_cb on the next loop turn for
-			 * most errors; a hard failure here is fd exhaustion. */
-			log_warn("upstream: cannot connect: %s", strerror(errno));
-			bufferevent_free(u->bev);
-			up_free(u);
-			return NULL;
-		}
-		if (p->target.tls != NULL)
-			tls_upstream_resume(u->bev, p->session);
 		u->reused = false;
 		metrics_gauge_add(GAUGE_upstream_connections, 1);
 	}

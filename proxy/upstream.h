@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "addrs.h"
 #include "compiler.h"
 #include "httphdr.h"
 #include "metrics.h"
@@ -58,13 +59,14 @@ struct upstream_cbs {
 struct upstream_target {
 	const char *host;
 	const char *port;
-	struct sockaddr_storage addr;	/* resolved at start */
-	socklen_t addrlen;
+	struct addrs addrs;		/* every address of host, resolved at
+					 * start, again after connects fail */
 	struct tls_upstream *tls;	/* https: shared, outlives the pools;
 					 * NULL: plain HTTP */
 };
 
-/* Resolve target->host:port (blocking: call before any loop runs). */
+/* Resolve target->host:port into every address it has (blocking: call
+ * before any loop runs). */
 int upstream_resolve(struct upstream_target *t, char *err, size_t errlen) MUSTCHECK;
 
 struct upstream_pool *upstream_pool_new(struct event_base *base,

@@ -21,6 +21,32 @@
 /* After accept() fails for lack of descriptors, try again this much later. */
 #define ACCEPT_RETRY_MS 100
 
+/* Start or stop accepting on every listening socket. */
+static void listeners_enable(struct worker *w, bool on)
+{
+	for (int i = 0; i < w->nlisten; i++) {
+		if (w->listeners[i] == NULL)
+			continue;
+		if (on)
+			evconnlistener_enable(w->listeners[i]);
+		else
+			evconnlistener_disable(w->listeners[i]);
+	}
+}
+
+/* Close every listening socket (draining, or the end). */
+static void listeners_free(struct worker *w)
+{
+	for (int i = 0; i < w->nlisten; i++) {
+		if (w->listeners[i] != NULL)
+			evconnlistener_free(w->listeners[i]);
+		else if (w->listen_fds[i] >= 0)
+			evutil_closesocket(w->listen_fds[i]);
+		w->listeners[i] = NULL;
+		w->listen_fds[i] = -1;
+	}
+}
+
 /* Free closed connections, then see whether the loop can end. */
 static void reap_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -34,7 +60,7 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 	if (w->listener_paused && !w->draining &&
 	    w->nconns < w->cfg->max_connections) {
 		w->listener_paused = false;
-		evconnlistener_enable(w->listener);
+		listeners_enable(w, true);
 	}
 	if (w->draining && w->nconns == 0 && w->idem.norphans == 0)
 		event_base_loopexit(w->base, NULL);
@@ -59,7 +85,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd,
 		log_warn("worker %d: max_connections (%d) reached, pausing accept",
 			 w->id, w->cfg->max_connections);
 		w->listener_paused = true;
-		evconnlistener_disable(l);
+		listeners_enable(w, false);
 	}
 }
 
@@ -68,7 +94,7 @@ static void accept_retry_cb(evutil_socket_t fd, short what, void *arg)
 	struct worker *w = arg;
 
 	if (!w->draining && !w->listener_paused)
-		evconnlistener_enable(w->listener);
+		listeners_enable(w, true);
 }
 
 /* accept() failed (EMFILE, ENFILE, ENOBUFS): back off briefly instead of
@@ -110,8 +136,7 @@ static void start_drain(struct worker *w)
 	if (w->draining)
 		return;
 	w->draining = true;
-	evconnlistener_free(w->listener);
-	w->listener = NULL;
+	listeners_free(w);
 	evtimer_del(w->accept_retry);
 	for (c = TAILQ_FIRST(&w->conns); c != NULL; c = next) {
 		next = conn_next(c);
@@ -164,13 +189,16 @@ static struct event_base *new_base(void)
 }
 
 int worker_init(struct worker *w, int id, struct config *cfg,
-		evutil_socket_t listen_fd, const struct upstream_target *t,
+		const evutil_socket_t *fds, int nfds,
+		const struct upstream_target *t,
 		struct store *store, struct tls_listener *tls)
 {
 	memset(w, 0, sizeof(*w));
 	w->id = id;
 	w->tls = tls;
-	w->listen_fd = listen_fd;
+	w->nlisten = nfds;
+	for (int i = 0; i < nfds; i++)
+		w->listen_fds[i] = fds[i];
 	w->cfg = config_ref(cfg);
 	TAILQ_INIT(&w->conns);
 	TAILQ_INIT(&w->reap);
@@ -193,14 +221,18 @@ int worker_init(struct worker *w, int id, struct config *cfg,
 	if (w->pool == NULL || w->notify == NULL || w->reap_ev == NULL ||
 	    w->drain_timer == NULL || w->accept_retry == NULL)
 		goto fail;
-	w->listener = evconnlistener_new(w->base, accept_cb, w,
-					 LEV_OPT_CLOSE_ON_FREE, -1, listen_fd);
-	if (w->listener == NULL)
-		goto fail;
-	w->listen_fd = -1;
-	evconnlistener_set_error_cb(w->listener, accept_error_cb);
+	for (int i = 0; i < nfds; i++) {
+		w->listeners[i] = evconnlistener_new(w->base, accept_cb, w,
+						     LEV_OPT_CLOSE_ON_FREE, -1,
+						     fds[i]);
+		if (w->listeners[i] == NULL)
+			goto fail;
+		w->listen_fds[i] = -1;
+		evconnlistener_set_error_cb(w->listeners[i], accept_error_cb);
+	}
 	return 0;
 fail:
+	listeners_free(w);
 	log_error("worker %d: cannot set up its event loop", id);
 	return -1;
 }
@@ -261,10 +293,7 @@ void worker_free(struct worker *w)
 	while ((c = TAILQ_FIRST(&w->reap)) != NULL)
 		conn_free(c);
 	idem_env_free(&w->idem);
-	if (w->listener != NULL)
-		evconnlistener_free(w->listener);
-	if (w->listen_fd >= 0)
-		evutil_closesocket(w->listen_fd);
+	listeners_free(w);
 	upstream_pool_free(w->pool);
 	if (w->store != NULL && w->base != NULL)
 		store_thread_done(w->store, w->base);

@@ -13,6 +13,7 @@
 
 #include <event2/util.h>
 
+#include "addrs.h"
 #include "compiler.h"
 #include "idem.h"
 #include "store.h"
@@ -32,8 +33,10 @@ struct worker {
 	int id;
 	pthread_t thread;
 	struct event_base *base;
-	evutil_socket_t listen_fd;	/* bound and listening, made by main */
-	struct evconnlistener *listener;
+	/* bound and listening, made by main: one per address of --listen */
+	evutil_socket_t listen_fds[ADDRS_MAX];
+	struct evconnlistener *listeners[ADDRS_MAX];
+	int nlisten;
 	struct upstream_pool *pool;
 	struct store *store;		/* shared by all workers */
 	struct tls_listener *tls;	/* shared; NULL: the listener is plain */
@@ -56,10 +59,12 @@ struct worker {
 	void *done_arg;
 };
 
-/* Set up the loop; the listener fd is owned by the worker from now on.
+/* Set up the loop; the nfds listening sockets in fds are the worker's from
+ * now on (it closes them, also when this fails).
  * tls (NULL: plain HTTP) and store are shared and outlive the worker. */
 int worker_init(struct worker *w, int id, struct config *cfg,
-		evutil_socket_t listen_fd, const struct upstream_target *t,
+		const evutil_socket_t *fds, int nfds,
+		const struct upstream_target *t,
 		struct store *store, struct tls_listener *tls) MUSTCHECK;
 int worker_start(struct worker *w) MUSTCHECK;
 /* Thread-safe: hand a new config to the worker (takes a reference). */

@@ -49,6 +49,7 @@
 #include <hiredis/async.h>
 #include <hiredis/adapters/libevent.h>
 
+#include "addrs.h"
 #include "clock.h"
 #include "log.h"
 #include "metrics.h"
@@ -97,6 +98,8 @@ struct rconn {
 	unsigned backoff_ms;		/* the next retry's delay */
 	unsigned pending;		/* GETs and SETs awaiting replies */
 	bool failing;			/* an outage was logged */
+	int addr;			/* rs->addrs[addr]: connecting to */
+	int tried;			/* addresses refused in a row */
 	bool closing;			/* rc_free(): no new work for anyone */
 	LIST_ENTRY(rconn) link;		/* rs->conns, under rs->mu */
 	struct rconn *tl_next;		/* the creating thread's list */
@@ -106,7 +109,9 @@ struct redis_store {
 	struct store base;
 	struct store *inner;
 	char host[256];			/* as configured */
-	char addr[64];			/* numeric, once resolved */
+	char addrs[ADDRS_MAX][64];	/* numeric, IPv4 first, once resolved */
+	int naddrs;
+	atomic_int cur;			/* the one that connected last */
 	atomic_bool resolved;
 	int port;
 	int db;
@@ -363,6 +368,27 @@ static void on_select(redisAsyncContext *ac, void *r, void *priv)
 	rc->state = RC_UP;
 }
 
+/* A connect to rs->addrs[rc->addr] failed: when the name has an address
+ * not tried in this round, try it at once; else the usual back-off. */
+static void rc_connect_failed(struct rconn *rc, const char *why)
+{
+	struct redis_store *rs = rc->rs;
+
+	if (++rc->tried < rs->naddrs) {
+		struct timeval now = { 0, 0 };
+		int next = (rc->addr + 1) % rs->naddrs;
+
+		log_info("redis %s:%d: %s: %s; trying %s", rs->host, rs->port,
+			 rs->addrs[rc->addr], why, rs->addrs[next]);
+		rc->addr = next;
+		rc->state = RC_DOWN;
+		evtimer_add(rc->retry, &now);
+		return;
+	}
+	rc->tried = 0;
+	rc_failed(rc, why);
+}
+
 static void on_connect(const redisAsyncContext *cac, int status)
 {
 	struct rconn *rc = cac->data;
@@ -370,11 +396,16 @@ static void on_connect(const redisAsyncContext *cac, int status)
 	if (rc == NULL)
 		return;
 	if (status != REDIS_OK) {
+		const char *why = cac->errstr[0] != '\0' ? cac->errstr
+							 : "cannot connect";
+
 		/* hiredis frees the context when we return */
 		rc->ac = NULL;
-		rc_failed(rc, cac->errstr[0] != '\0' ? cac->errstr : "cannot connect");
+		rc_connect_failed(rc, why);
 		return;
 	}
+	rc->tried = 0;
+	atomic_store_explicit(&rc->rs->cur, rc->addr, memory_order_relaxed);
 	rc->state = RC_SELECTING;
 	if (redisAsyncCommand(rc->ac, on_select, NULL, "SELECT %d",
 			      rc->rs->db) != REDIS_OK)
@@ -403,15 +434,20 @@ static void rc_connect(struct rconn *rc)
 		rc_failed(rc, "host not resolved yet");
 		return;
 	}
-	ac = redisAsyncConnect(rs->addr, rs->port);
+	if (rc->tried == 0)	/* a new round starts where the last one won */
+		rc->addr = atomic_load_explicit(&rs->cur, memory_order_relaxed);
+	ac = redisAsyncConnect(rs->addrs[rc->addr], rs->port);
 	if (ac == NULL || ac->err != 0) {
 		char why[160];
 
 		snprintf(why, sizeof(why), "%.150s",
 			 ac != NULL ? ac->errstr : "out of memory");
-		if (ac != NULL)
-			redisAsyncFree(ac);
-		rc_failed(rc, why);
+		if (ac == NULL) {
+			rc_failed(rc, why);
+			return;
+		}
+		redisAsyncFree(ac);
+		rc_connect_failed(rc, why);
 		return;
 	}
 	ac->data = rc;
@@ -1104,30 +1140,34 @@ static bool redis_ready(struct store *s)
 	return store_ready(((struct redis_store *)s)->inner);
 }
 
-/* Numeric address of rs->host into rs->addr (IPv4 first, as hiredis). May
- * block in DNS: only at start and on the main thread's sweep. */
+/* The numeric addresses of rs->host into rs->addrs, IPv4 first as hiredis
+ * would pick them. May block in DNS: only at start and on the main
+ * thread's sweep, until it first succeeds. */
 static bool resolve(struct redis_store *rs)
 {
 	static const int families[] = { AF_INET, AF_INET6 };
+	int n = 0;
 
 	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
 		struct addrinfo hints = { .ai_family = families[i],
 					  .ai_socktype = SOCK_STREAM };
 		struct addrinfo *ai;
-		int rc;
+		struct addrs a;
 
 		if (getaddrinfo(rs->host, NULL, &hints, &ai) != 0)
 			continue;
-		rc = getnameinfo(ai->ai_addr, ai->ai_addrlen, rs->addr,
-				 sizeof(rs->addr), NULL, 0, NI_NUMERICHOST);
+		addrs_from_addrinfo(&a, ai);
 		freeaddrinfo(ai);
-		if (rc == 0) {
-			atomic_store_explicit(&rs->resolved, true,
-					      memory_order_release);
-			return true;
-		}
+		for (int j = 0; j < a.n && n < ADDRS_MAX; j++)
+			if (addrs_host((struct sockaddr *)&a.ss[j], a.len[j],
+				       rs->addrs[n], sizeof(rs->addrs[n]))[0] != '?')
+				n++;
 	}
-	return false;
+	if (n == 0)
+		return false;
+	rs->naddrs = n;
+	atomic_store_explicit(&rs->resolved, true, memory_order_release);
+	return true;
 }
 
 static void redis_sweep(struct store *s, struct event_base *base)
@@ -1136,8 +1176,8 @@ static void redis_sweep(struct store *s, struct event_base *base)
 
 	if (!atomic_load_explicit(&rs->resolved, memory_order_acquire) &&
 	    resolve(rs))
-		log_info("redis %s:%d: resolved to %s", rs->host, rs->port,
-			 rs->addr);
+		log_info("redis %s:%d: resolved to %s%s", rs->host, rs->port,
+			 rs->addrs[0], rs->naddrs > 1 ? " and others" : "");
 	store_sweep(rs->inner, base);
 }
 
@@ -1231,6 +1271,7 @@ struct store *store_redis_new(struct store *inner, const char *host,
 	rs->port = (int)p;
 	rs->db = db;
 	atomic_init(&rs->resolved, false);
+	atomic_init(&rs->cur, 0);
 	atomic_init(&rs->timeout_ms, STORE_REDIS_TIMEOUT_MS);
 	pthread_mutex_init(&rs->mu, NULL);
 	LIST_INIT(&rs->conns);

@@ -298,7 +298,7 @@ static int server_end(void)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	struct upstream_target t = { .host = "127.0.0.1", .port = "9" };
-	struct sockaddr_un *sun = (struct sockaddr_un *)&t.addr;
+	struct sockaddr_un *sun = (struct sockaddr_un *)&t.addrs.ss[0];
 
 	log_setup(LOG_ERROR, LOG_FORMAT_TEXT);
 	base = event_base_new();
@@ -309,9 +309,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	sun->sun_family = AF_UNIX;
 	snprintf(sun->sun_path + 1, sizeof(sun->sun_path) - 1,
 		 "idemproxy-fuzz-response-%d", (int)getpid());
-	t.addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-				strlen(sun->sun_path + 1));
-	if (bind(lfd, (struct sockaddr *)sun, t.addrlen) < 0 ||
+	t.addrs.n = 1;
+	t.addrs.len[0] = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+				     strlen(sun->sun_path + 1));
+	if (bind(lfd, (struct sockaddr *)sun, t.addrs.len[0]) < 0 ||
 	    listen(lfd, 64) < 0)
 		abort();
 	pool = upstream_pool_new(base, &t);

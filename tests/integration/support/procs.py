@@ -180,9 +180,18 @@ class Stub:
         assert rc == 0, f"stub exited {rc}: {text}"
 
 
+def with_hosts_file(hosts, argv):
+    """argv run with `hosts` in place of /etc/hosts: a private mount
+    namespace (unshare -m, as root) whose /etc/hosts is a bind mount of it.
+    The shell execs argv, so the PID is argv's. Nothing outside changes."""
+    return ["unshare", "-m", "sh", "-c",
+            'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts)] + argv
+
+
 class Proxy:
     def __init__(self, tmp_path, upstream, *flags, env=None, workers=1,
-                 name="idemproxy", wait_ready=True):
+                 name="idemproxy", wait_ready=True, hosts=None,
+                 listen_host="127.0.0.1"):
         self.port = free_port()
         self.admin_port = free_port()
         self.log_path = tmp_path / f"{name}.stderr"
@@ -192,11 +201,13 @@ class Proxy:
         self.args = [IDEMPROXY_BIN]
         if upstream is not None:
             self.args += ["--upstream", upstream]
-        self.args += ["--listen", f"127.0.0.1:{self.port}",
-                      "--admin-listen", f"127.0.0.1:{self.admin_port}",
+        self.args += ["--listen", f"{listen_host}:{self.port}",
+                      "--admin-listen", f"{listen_host}:{self.admin_port}",
                       "--workers", str(workers)]
         self.args += list(flags)
-        self.proc = subprocess.Popen(self.args, stdout=self._out,
+        argv = self.args if hosts is None else with_hosts_file(hosts,
+                                                                self.args)
+        self.proc = subprocess.Popen(argv, stdout=self._out,
                                      stderr=self._log, env=clean_env(env))
         self.pid = self.proc.pid
         self.stopped = False

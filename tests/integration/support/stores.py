@@ -159,14 +159,14 @@ class PgDb:
                          "is not null") == "t"
 
 
-def resp_command(port, *args, timeout=5.0):
+def resp_command(port, *args, timeout=5.0, host="127.0.0.1"):
     """One Redis command over a fresh connection (RESP2); returns the
     decoded reply (str/int/list/None); an error reply raises."""
     out = b"*%d\r\n" % len(args)
     for a in args:
         a = a if isinstance(a, bytes) else str(a).encode()
         out += b"$%d\r\n%s\r\n" % (len(a), a)
-    with socket.create_connection(("127.0.0.1", port), timeout) as s:
+    with socket.create_connection((host, port), timeout) as s:
         s.sendall(out)
         f = s.makefile("rb")
 
@@ -196,7 +196,8 @@ def resp_command(port, *args, timeout=5.0):
 
 
 class RedisServer:
-    def __init__(self):
+    def __init__(self, bind="127.0.0.1"):
+        self.bind = bind
         self.dir = tempfile.mkdtemp(prefix="irds", dir="/tmp")
         self.log_path = os.path.join(self.dir, "redis.log")
         self.port = free_port()
@@ -211,7 +212,7 @@ class RedisServer:
         assert self.proc is None or self.proc.poll() is not None
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1",
+            [REDIS_BIN, "--port", str(self.port), "--bind", self.bind,
              "--save", "", "--appendonly", "no", "--daemonize", "no",
              "--dir", self.dir],
             stdout=self._log, stderr=subprocess.STDOUT, cwd=self.dir)
@@ -268,7 +269,7 @@ class RedisServer:
         self.proc.send_signal(signal.SIGCONT)
 
     def cmd(self, *args, timeout=5.0):
-        return resp_command(self.port, *args, timeout=timeout)
+        return resp_command(self.port, *args, timeout=timeout, host=self.bind)
 
     def shutdown(self):
         self.kill()
