@@ -93,6 +93,7 @@ enum tls_error {
 	X(completion_retries_total, "Completion or release writes retried after a store error.") \
 	X(completion_failures_total, "Completions or releases given up; the lease resolves the key.") \
 	X(sweep_deleted_total,     "Expired records deleted by the sweeper.") \
+	X(store_unacknowledged_commits_total, "Store operations whose commit PostgreSQL made without the synchronous standby's acknowledgement (a cancelled wait); each was written again.") \
 	X(tls_handshakes_total,    "Client TLS handshakes completed.") \
 	X(tls_resumed_total,       "Client TLS handshakes that resumed a session.") \
 	X(upstream_tls_handshakes_total, "TLS handshakes with the upstream completed.") \

@@ -100,6 +100,12 @@ const char store_pg_schema_sql[] =
  * over. A row this owner already holds (an earlier attempt of this very
  * claim committed, but its outcome was lost with the connection) is
  * reported won again: a claim can be re-sent until its outcome is known.
+ * That row is written again (`own`, its lease unchanged), never only read:
+ * the earlier commit may be one PostgreSQL made visible without the
+ * synchronous standby's acknowledgement (a cancelled wait, a connection
+ * cut during it). A transaction that writes waits for the standby, and
+ * its commit comes after the earlier one in the WAL, so its acknowledged
+ * commit is what proves the claim will survive a failover.
  *
  * One row: ('won'), or the existing record as the statement's snapshot saw
  * it. No row: the record changed under the statement (inserted or taken
@@ -135,6 +141,13 @@ const char store_pg_claim_sql[] =
 	"     AND (k.expires_at <= now()\n"
 	"          OR (k.state = 'in_flight' AND k.lease_until <= now()\n"
 	"              AND k.fingerprint = $3))\n"
+	"  RETURNING 1),\n"
+	"own AS (\n"
+	"  UPDATE idempotency_keys k SET lease_until = k.lease_until\n"
+	"   WHERE k.scope = $1 AND k.key = $2 AND k.owner = $4\n"
+	"     AND k.state = 'in_flight'\n"
+	"     AND EXISTS (SELECT 1 FROM cur WHERE cur.owner = $4\n"
+	"                   AND cur.state = 'in_flight')\n"
 	"  RETURNING 1)\n"
 	"SELECT 'won'::text, NULL::bytea, NULL::int, NULL::bytea, NULL::bytea,\n"
 	"       NULL::bigint\n"
@@ -147,14 +160,18 @@ const char store_pg_claim_sql[] =
 	"       cur.fingerprint, cur.status, cur.headers, cur.body, cur.ttl_left\n"
 	"  FROM cur\n"
 	" WHERE NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM tko)\n"
-	"   AND (cur.owner = $4 OR NOT (cur.expired OR (cur.lapsed AND cur.fingerprint = $3)))";
+	"   AND (cur.owner = $4 OR NOT (cur.expired OR (cur.lapsed AND cur.fingerprint = $3)))\n"
+	"   AND (cur.owner IS DISTINCT FROM $4 OR cur.state <> 'in_flight'\n"
+	"        OR EXISTS (SELECT 1 FROM own))";
 
 /*
  * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
  * stored), $7 ttl ms. 'completed' (and a NOTIFY), 'again' when this owner
  * had completed it already (a re-sent completion whose first attempt
  * committed), no row when fenced. A completed row keeps its owner, which
- * is what makes the re-send recognisable.
+ * is what makes the re-send recognisable. 'again' writes the row again
+ * (its expiry unchanged), for the same reason as the claim's `own`: the
+ * first commit may not have reached the synchronous standby.
  */
 const char store_pg_complete_sql[] =
 	"WITH u AS (\n"
@@ -163,12 +180,14 @@ const char store_pg_complete_sql[] =
 	"         lease_until = NULL,\n"
 	"         expires_at = now() + $7 * interval '1 millisecond'\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
+	"  RETURNING 1),\n"
+	"a AS (\n"
+	"  UPDATE idempotency_keys SET expires_at = expires_at\n"
+	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'completed'\n"
 	"  RETURNING 1)\n"
 	"SELECT 'completed'::text FROM u, pg_notify('idemproxy', $1 || ':' || $2)\n"
 	"UNION ALL\n"
-	"SELECT 'again' FROM idempotency_keys\n"
-	" WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'completed'\n"
-	"   AND NOT EXISTS (SELECT 1 FROM u)";
+	"SELECT 'again' FROM a";
 
 static const char release_sql[] =
 	"WITH d AS (\n"
@@ -771,6 +790,7 @@ static void pg_free(struct store *st)
 		pg_local_free(l);
 	}
 	pthread_mutex_destroy(&s->mu);
+	pg_hosts_free(&s->hosts);
 	free(s->conninfo);
 	free(s->setup_sql);
 	free(s);
@@ -804,12 +824,19 @@ void store_pg_on_notify(struct store *st, store_pg_notify_fn fn, void *arg)
 struct store *store_pg_new(const char *conninfo, int conns_per_thread)
 {
 	struct pg_store *s = calloc(1, sizeof(*s));
+	char err[256];
 
 	if (s == NULL)
 		return NULL;
 	s->base.ops = &pg_ops_table;
 	s->conns_per_thread = conns_per_thread > 0 ? conns_per_thread : 2;
 	s->conninfo = strdup(conninfo);
+	if (pg_hosts_parse(&s->hosts, conninfo, err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		free(s->conninfo);
+		free(s);
+		return NULL;
+	}
 	if (asprintf(&s->setup_sql, "%s"
 		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint) AS %s;\n"
 		     "PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint) AS %s;\n"
@@ -823,11 +850,13 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread)
 		     purge_sql) < 0)
 		s->setup_sql = NULL;
 	if (s->conninfo == NULL || s->setup_sql == NULL) {
+		pg_hosts_free(&s->hosts);
 		free(s->conninfo);
 		free(s->setup_sql);
 		free(s);
 		return NULL;
 	}
+	atomic_init(&s->primary, 0);
 	pthread_mutex_init(&s->mu, NULL);
 	atomic_init(&s->up, 0);
 	return &s->base;

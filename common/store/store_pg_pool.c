@@ -11,6 +11,19 @@
  * Sync: one transaction). Results are held until the Sync; a connection
  * lost before it leaves the batch's outcome unknown, and its operations
  * are queued again until their deadlines.
+ *
+ * A replicated cluster (docs/ha.md). With several hosts, CONNECTING races
+ * a probe per host (store_pg_hosts.h), each with its own deadline, a host
+ * that refused (down, or a standby: read-write is asked for) asked again
+ * every PG_REPROBE_MS; the first to accept writes wins and becomes the
+ * store's primary, and any connection of this thread on another host is
+ * dropped. A statement that finds the server read-only (SQLSTATE 25006:
+ * demoted, or a VIP/pooler that lags) drops its connection too; its batch
+ * rolled back and is sent again. A commit that PostgreSQL made without the
+ * synchronous standby's acknowledgement (the WARNING "canceling wait for
+ * synchronous replication": a cancelled or terminated wait) is not an
+ * outcome: its operations are sent again, and only an acknowledged commit
+ * of theirs (each re-send writes) counts.
  */
 #include "store_pg_priv.h"
 
@@ -28,6 +41,9 @@ static void grow(struct pg_local *l);
 static int pg_conn_init(struct pg_local *l, struct pg_conn *c, bool listener);
 static void arm_io(struct pg_conn *c, short what);
 static void io_cb(evutil_socket_t fd, short what, void *arg);
+static void run_setup(struct pg_conn *c);
+static void probes_stop(struct pg_conn *c);
+static void drop_stale(struct pg_local *l);
 
 static _Thread_local struct {
 	struct pg_store *s;
@@ -275,21 +291,24 @@ static void conn_fail(struct pg_conn *c, const char *why)
 	struct pg_op *o, *next;
 	int delay;
 
-	if (c->pg != NULL && !atomic_exchange(&s->down_logged, true))
-		log_warn("postgres store: %s: %s", why,
-			 c->pg ? PQerrorMessage(c->pg) : "");
+	if (!atomic_exchange(&s->down_logged, true))
+		log_warn("postgres store: %s%s%s", why, c->pg != NULL ? ": " : "",
+			 c->pg != NULL ? PQerrorMessage(c->pg) : "");
 	metrics_store_error(STORE_KIND_POSTGRES);
 	if (c->io != NULL) {
 		event_free(c->io);
 		c->io = NULL;
 	}
 	evtimer_del(c->timer);
+	probes_stop(c);
 	if (c->pg != NULL) {
 		PQfinish(c->pg);
 		c->pg = NULL;
 	}
 	set_up(c, false);
 	c->state = PGC_DOWN;
+	c->unacked = false;
+	c->read_only = false;
 	delay = c->backoff_ms;
 	c->backoff_ms = c->backoff_ms * 2 > PG_BACKOFF_MAX_MS ?
 				PG_BACKOFF_MAX_MS : c->backoff_ms * 2;
@@ -355,11 +374,15 @@ static void run_setup(struct pg_conn *c)
 	flush(c);
 }
 
+static void probe_tick(struct pg_conn *c);
+
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct pg_conn *c = arg;
 
-	if (c->state == PGC_DOWN)
+	if (c->probing)
+		probe_tick(c);
+	else if (c->state == PGC_DOWN)
 		conn_start(c);
 	else if (c->state == PGC_BUSY)
 		conn_fail(c, "statement timed out");
@@ -367,20 +390,213 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		conn_fail(c, "connect timed out");
 }
 
-/* The server's notices (e.g. FATAL at shutdown) are not ours to print;
- * failures reach the log through conn_fail. */
-static void quiet(void *arg, const char *message)
+/* Is this the server saying it committed without the synchronous
+ * standby (syncrep.c: "canceling wait for synchronous replication due to
+ * user request", "canceling the wait for synchronous replication and
+ * terminating connection due to administrator command")? English
+ * messages (lc_messages): docs/ha.md. */
+static bool sync_wait_cancelled(const PGresult *r)
 {
-	log_debug("postgres: %s", message);
+	const char *sev = PQresultErrorField(r, PG_DIAG_SEVERITY_NONLOCALIZED);
+	const char *msg = PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY);
+
+	return sev != NULL && strcmp(sev, "WARNING") == 0 && msg != NULL &&
+	       strncmp(msg, "canceling ", 10) == 0 &&
+	       strstr(msg, "wait for synchronous replication") != NULL;
+}
+
+/* The server's notices: a cancelled synchronous wait marks the batch;
+ * the rest (e.g. FATAL at shutdown) are not ours to print, failures reach
+ * the log through conn_fail. */
+static void notice_cb(void *arg, const PGresult *r)
+{
+	struct pg_conn *c = arg;
+
+	if (sync_wait_cancelled(r)) {
+		c->unacked = true;
+		return;
+	}
+	log_debug("postgres: %s", PQresultErrorMessage(r));
+}
+
+/* A new PGconn of c's: non-blocking, its notices to c. */
+static bool pg_ready(struct pg_conn *c, PGconn *pg)
+{
+	if (pg == NULL || PQstatus(pg) == CONNECTION_BAD ||
+	    PQsetnonblocking(pg, 1) != 0)
+		return false;
+	PQsetNoticeReceiver(pg, notice_cb, c);
+	return true;
+}
+
+/* ---- several hosts: a probe per host ---------------------------------- */
+
+static void probe_stop(struct pg_probe *p)
+{
+	if (p->io != NULL) {
+		event_free(p->io);
+		p->io = NULL;
+	}
+	if (p->pg != NULL) {
+		PQfinish(p->pg);
+		p->pg = NULL;
+	}
+}
+
+static void probes_stop(struct pg_conn *c)
+{
+	if (c->probes == NULL)
+		return;
+	for (int i = 0; i < c->local->s->hosts.n; i++)
+		probe_stop(&c->probes[i]);
+	c->probing = false;
+}
+
+static void probe_failed(struct pg_probe *p, const char *why)
+{
+	const char *msg = p->pg != NULL ? PQerrorMessage(p->pg) : "";
+	size_t n;
+
+	snprintf(p->why, sizeof(p->why), "%s%s%s", why, msg[0] ? ": " : "",
+		 msg);
+	n = strlen(p->why);
+	while (n > 0 && (p->why[n - 1] == '\n' || p->why[n - 1] == ' '))
+		p->why[--n] = '\0';
+	log_debug("postgres store: %s: %s",
+		  p->c->local->s->hosts.label[p->host], p->why);
+	probe_stop(p);
+	p->next_at = clock_ms() + PG_REPROBE_MS;
+}
+
+static void probe_cb(evutil_socket_t fd, short what, void *arg);
+
+static void probe_arm(struct pg_probe *p, short what)
+{
+	if (p->io != NULL)
+		event_free(p->io);
+	p->io = event_new(p->c->local->base, PQsocket(p->pg),
+			  what | EV_PERSIST, probe_cb, p);
+	if (p->io == NULL || event_add(p->io, NULL) < 0)
+		probe_failed(p, "cannot watch its socket");
+}
+
+static void probe_launch(struct pg_probe *p)
+{
+	const struct pg_hosts *h = &p->c->local->s->hosts;
+
+	p->started = clock_ms();
+	p->pg = PQconnectStartParams(h->keywords, h->values[p->host], 0);
+	if (!pg_ready(p->c, p->pg)) {
+		probe_failed(p, "cannot start a connection");
+		return;
+	}
+	probe_arm(p, EV_WRITE);
+}
+
+/* p reached a server that accepts writes: it is c's connection now. */
+static void probe_won(struct pg_conn *c, struct pg_probe *p)
+{
+	struct pg_store *s = c->local->s;
+	struct timeval tv = clock_tv(PG_CONNECT_TIMEOUT_MS);
+
+	c->pg = p->pg;
+	c->host = p->host;
+	p->pg = NULL;
+	probes_stop(c);
+	evtimer_del(c->timer);
+	evtimer_add(c->timer, &tv);	/* the setup's deadline */
+	if (atomic_exchange(&s->primary, c->host) != c->host)
+		log_info("postgres store: the primary is %s", s->hosts.label[c->host]);
+	run_setup(c);
+}
+
+static void probe_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct pg_probe *p = arg;
+
+	switch (PQconnectPoll(p->pg)) {
+	case PGRES_POLLING_READING:
+		probe_arm(p, EV_READ);
+		return;
+	case PGRES_POLLING_WRITING:
+		probe_arm(p, EV_WRITE);
+		return;
+	case PGRES_POLLING_OK:
+		probe_won(p->c, p);
+		return;
+	default:
+		probe_failed(p, "refused");
+		return;
+	}
+}
+
+/*
+ * Every PG_PROBE_TICK_MS while probing: a probe past its own deadline
+ * fails (a frozen host: its kernel accepted, nothing answers), a host that
+ * failed is asked again, and the whole search ends at PG_CONNECT_TIMEOUT_MS.
+ */
+static void probe_tick(struct pg_conn *c)
+{
+	const struct pg_hosts *h = &c->local->s->hosts;
+	struct timeval tick = clock_tv(PG_PROBE_TICK_MS);
+	uint64_t now = clock_ms();
+
+	if (now >= c->probe_deadline) {
+		char why[1024];
+		size_t n = 0;
+
+		n += (size_t)snprintf(why, sizeof(why), "no primary among %d hosts",
+				      h->n);
+		for (int i = 0; i < h->n && n < sizeof(why); i++)
+			n += (size_t)snprintf(why + n, sizeof(why) - n, "; %s: %s",
+					      h->label[i], c->probes[i].pg != NULL ?
+					      "no answer" : c->probes[i].why);
+		probes_stop(c);
+		conn_fail(c, why);
+		return;
+	}
+	for (int i = 0; i < h->n; i++) {
+		struct pg_probe *p = &c->probes[i];
+
+		if (p->pg != NULL && now - p->started >= PG_HOST_CONNECT_MS)
+			probe_failed(p, "no answer in time");
+		else if (p->pg == NULL && now >= p->next_at)
+			probe_launch(p);
+		if (!c->probing)
+			return;		/* one won (a synchronous connect) */
+	}
+	evtimer_add(c->timer, &tick);
+}
+
+/* Look for the primary on every host at once. */
+static void probes_start(struct pg_conn *c)
+{
+	const struct pg_hosts *h = &c->local->s->hosts;
+	struct timeval tick = clock_tv(PG_PROBE_TICK_MS);
+
+	c->state = PGC_CONNECTING;
+	c->probing = true;
+	c->probe_deadline = clock_ms() + PG_CONNECT_TIMEOUT_MS;
+	for (int i = 0; i < h->n && c->probing; i++) {
+		c->probes[i].why[0] = '\0';
+		c->probes[i].next_at = 0;
+		probe_launch(&c->probes[i]);
+	}
+	if (c->probing)
+		evtimer_add(c->timer, &tick);
 }
 
 static void conn_start(struct pg_conn *c)
 {
-	c->pg = PQconnectStart(c->local->s->conninfo);
-	if (c->pg != NULL)
-		PQsetNoticeProcessor(c->pg, quiet, NULL);
-	if (c->pg == NULL || PQstatus(c->pg) == CONNECTION_BAD ||
-	    PQsetnonblocking(c->pg, 1) != 0) {
+	const struct pg_hosts *h = &c->local->s->hosts;
+
+	if (h->probe) {
+		probes_start(c);
+		return;
+	}
+	c->host = 0;
+	c->pg = PQconnectStartParams(h->keywords, h->values[0], 0);
+	if (!pg_ready(c, c->pg)) {
 		conn_fail(c, "cannot start a connection");
 		return;
 	}
@@ -391,6 +607,16 @@ static void conn_start(struct pg_conn *c)
 
 		evtimer_add(c->timer, &tv);	/* a black-holed server */
 	}
+}
+
+/* Is c on a host other than the one the store's writes went to last? */
+static bool stale(const struct pg_conn *c)
+{
+	const struct pg_store *s = c->local->s;
+
+	return s->hosts.probe && c->pg != NULL &&
+	       c->host != atomic_load_explicit(&s->primary,
+					       memory_order_relaxed);
 }
 
 /*
@@ -472,6 +698,40 @@ static void setup_result(struct pg_conn *c, PGresult *r)
 	evtimer_del(c->timer);	/* the connect deadline */
 	set_up(c, true);
 	c->state = PGC_IDLE;
+	drop_stale(c->local);
+}
+
+/* SQLSTATE 25006 read_only_sql_transaction: a standby, or a session that
+ * is read-only. */
+static bool read_only(const PGresult *r)
+{
+	const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+
+	return state != NULL && strcmp(state, "25006") == 0;
+}
+
+/*
+ * The batch committed, but the wait for the synchronous standby was
+ * cancelled: its changes may vanish in a failover. Nothing in it is an
+ * outcome yet; every operation is sent again, and a re-send writes (the
+ * claim's `own`, the completion's `again`, a purge's NOTIFY, ...), so its
+ * commit waits for the standby - and covers this one, earlier in the WAL.
+ */
+static void batch_unacked(struct pg_conn *c)
+{
+	struct pg_op *o;
+	int n = 0;
+
+	TAILQ_FOREACH(o, &c->batch, link)
+		n++;
+	c->unacked = false;
+	metrics_count_n(COUNTER_store_unacknowledged_commits_total,
+			(unsigned long)n);
+	log_warn("postgres store: %s: a commit of %d operation%s was not "
+		 "acknowledged by the synchronous standby (its wait was "
+		 "cancelled); written again", c->local->s->hosts.label[c->host],
+		 n, n == 1 ? "" : "s");
+	batch_unknown(c);
 }
 
 /* One result of the batch on the wire (NULL: the end of one statement's
@@ -489,7 +749,19 @@ static void batch_result(struct pg_conn *c, PGresult *r)
 	case PGRES_PIPELINE_SYNC:
 		PQclear(r);
 		evtimer_del(c->timer);
+		if (c->read_only) {
+			/* rolled back; not the statements' fault: all of them
+			 * go to the primary, wherever it is now */
+			conn_fail(c, "the server is read-only (a standby, not "
+				  "the primary)");
+			return;
+		}
 		c->state = PGC_IDLE;
+		if (c->unacked && !c->batch_failed) {
+			batch_unacked(c);
+			return;
+		}
+		c->unacked = false;
 		batch_done(c);
 		return;
 	case PGRES_TUPLES_OK:
@@ -511,10 +783,14 @@ static void batch_result(struct pg_conn *c, PGresult *r)
 		/* an error: this statement's, or the commit's (after the last
 		 * statement); either way the transaction rolled back */
 		c->batch_failed = true;
+		if (read_only(r))
+			c->read_only = true;	/* conn_fail says it, once */
 		if (o != NULL && o->result == NULL && !o->stmt_failed) {
 			o->stmt_failed = true;
-			log_warn("postgres store: %s: %s", pg_stmt_name(o->kind),
-				 PQresultErrorMessage(r));
+			if (!c->read_only)
+				log_warn("postgres store: %s: %s",
+					 pg_stmt_name(o->kind),
+					 PQresultErrorMessage(r));
 		} else {
 			log_warn("postgres store: commit failed: %s",
 				 PQresultErrorMessage(r));
@@ -626,14 +902,32 @@ static void send_batch(struct pg_conn *c)
 		return;
 	}
 	c->state = PGC_BUSY;
+	c->unacked = false;
+	c->read_only = false;
 	c->reading = TAILQ_FIRST(&c->batch);
 	evtimer_add(c->timer, &tv);
 	flush(c);
 }
 
+/*
+ * The primary moved (a connection of any thread found it on another
+ * host): this thread's connections elsewhere - idle, busy (their batch
+ * is sent again), or the listener, which would hear nothing from the new
+ * primary - reconnect.
+ */
+static void drop_stale(struct pg_local *l)
+{
+	for (int i = 0; i < l->nconns; i++)
+		if (l->conns[i].state != PGC_DOWN && stale(&l->conns[i]))
+			conn_fail(&l->conns[i], "the primary moved");
+	if (l->listen.used && l->listen.state != PGC_DOWN && stale(&l->listen))
+		conn_fail(&l->listen, "the primary moved");
+}
+
 /* Give queued operations to idle connections. */
 static void dispatch(struct pg_local *l)
 {
+	drop_stale(l);
 	for (int i = 0; i < l->nconns && !TAILQ_EMPTY(&l->queue); i++) {
 		struct pg_conn *c = &l->conns[i];
 
@@ -678,6 +972,15 @@ static int pg_conn_init(struct pg_local *l, struct pg_conn *c, bool listener)
 	c->timer = evtimer_new(l->base, timer_cb, c);
 	if (c->timer == NULL)
 		return -1;
+	if (l->s->hosts.probe) {
+		c->probes = calloc((size_t)l->s->hosts.n, sizeof(*c->probes));
+		if (c->probes == NULL)
+			return -1;
+		for (int i = 0; i < l->s->hosts.n; i++) {
+			c->probes[i].c = c;
+			c->probes[i].host = i;
+		}
+	}
 	conn_start(c);
 	return 0;
 }
@@ -692,6 +995,9 @@ static void conn_close(struct pg_conn *c)
 		event_free(c->io);
 	if (c->timer != NULL)
 		event_free(c->timer);
+	if (c->used)
+		probes_stop(c);
+	free(c->probes);
 	if (c->pg != NULL)
 		PQfinish(c->pg);
 	set_up(c, false);

@@ -17,17 +17,24 @@
 #include <libpq-fe.h>
 
 #include "store_pg.h"
+#include "store_pg_hosts.h"
 
 #define PG_POLL_MS 500
 #define PG_OP_TIMEOUT_MS 5000	/* a batch on the wire; an operation's life */
 #define PG_CONNECT_TIMEOUT_MS 5000
 #define PG_BACKOFF_MIN_MS 100
-#define PG_BACKOFF_MAX_MS 5000
+/* A PostgreSQL that is down is asked again at least this often: a
+ * failover's new primary is found within it (docs/ha.md). */
+#define PG_BACKOFF_MAX_MS 500
 #define PG_BACKOFF_PENDING_MS 250	/* reconnect this often while work waits */
 #define PG_SWEEP_BATCH 1000
 #define PG_CLAIM_RETRIES 5	/* the record changed under the statement */
 #define PG_STMT_ERRORS 3	/* a statement failing on its own */
 #define PG_BATCH_MAX 64		/* operations per pipeline */
+/* Several hosts (store_pg_hosts.h): each is connected to on its own. */
+#define PG_HOST_CONNECT_MS 2000	/* one host's connect and startup */
+#define PG_REPROBE_MS 200	/* a host that refused is asked again */
+#define PG_PROBE_TICK_MS 50
 
 enum pg_kind {
 	PG_CLAIM,
@@ -89,9 +96,29 @@ enum pgc_state {
 	PGC_BUSY,		/* one batch on the wire */
 };
 
+struct pg_conn;
+
+/* One host's connect attempt while a connection looks for the primary. */
+struct pg_probe {
+	struct pg_conn *c;
+	int host;			/* index in s->hosts */
+	PGconn *pg;			/* NULL: not connecting now */
+	struct event *io;
+	uint64_t started;		/* monotonic ms */
+	uint64_t next_at;		/* not connecting: try again then */
+	char why[160];			/* its last failure, for the log */
+};
+
 struct pg_conn {
 	struct pg_local *local;
 	PGconn *pg;
+	int host;			/* s->hosts index pg is connected to */
+	struct pg_probe *probes;	/* s->hosts.probe: one per host */
+	bool probing;			/* CONNECTING: the probes race */
+	uint64_t probe_deadline;	/* probing: give up then */
+	bool unacked;			/* the batch's commit: the synchronous
+					 * standby's wait was cancelled */
+	bool read_only;			/* the batch hit a read-only server */
 	struct event *io;
 	struct event *timer;		/* back-off, or the batch deadline */
 	enum pgc_state state;
@@ -121,6 +148,8 @@ struct pg_local {
 struct pg_store {
 	struct store base;
 	char *conninfo;
+	struct pg_hosts hosts;		/* conninfo, by host */
+	atomic_int primary;		/* hosts index: where writes went last */
 	char *setup_sql;		/* schema + PREPAREs */
 	int conns_per_thread;
 	atomic_int up;			/* connections up, all threads */

@@ -1,0 +1,173 @@
+/*
+ * store_pg_hosts.c - a connection string split by host (see
+ * store_pg_hosts.h).
+ */
+#include "store_pg_hosts.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libpq-fe.h>
+
+/* Split the comma-separated list s (modified) into out; returns the
+ * count, or PG_HOSTS_MAX + 1 when there are more. NULL: one NULL. */
+static int split(char *s, char **out)
+{
+	int n = 0;
+
+	if (s == NULL) {
+		out[0] = NULL;
+		return 1;
+	}
+	for (;;) {
+		char *comma = strchr(s, ',');
+
+		if (n == PG_HOSTS_MAX)
+			return PG_HOSTS_MAX + 1;
+		out[n++] = s;
+		if (comma == NULL)
+			return n;
+		*comma = '\0';
+		s = comma + 1;
+	}
+}
+
+static char *dup_into(char **at, const char *s)
+{
+	char *r = *at;
+
+	if (s == NULL)
+		return NULL;
+	strcpy(r, s);
+	*at += strlen(s) + 1;
+	return r;
+}
+
+static bool wants_primary(const char *tsa)
+{
+	return tsa == NULL || strcmp(tsa, "read-write") == 0 ||
+	       strcmp(tsa, "primary") == 0;
+}
+
+int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
+		   size_t errlen)
+{
+	char *perr = NULL, *at;
+	PQconninfoOption *opts = PQconninfoParse(conninfo, &perr), *o;
+	const char *host = NULL, *hostaddr = NULL, *port = NULL, *tsa = NULL;
+	char *hv[PG_HOSTS_MAX], *av[PG_HOSTS_MAX], *pv[PG_HOSTS_MAX];
+	int nh, na, np, n, nkw = 0, ihost = -1, iaddr = -1, iport = -1;
+	size_t len = 4, total = 0;
+
+	memset(h, 0, sizeof(*h));
+	if (opts == NULL) {
+		snprintf(err, errlen, "--store: %s",
+			 perr != NULL ? perr : "out of memory");
+		PQfreemem(perr);
+		return -1;
+	}
+	h->opts = opts;
+	for (o = opts; o->keyword != NULL; o++) {
+		total++;
+		if (o->val == NULL)
+			continue;
+		if (strcmp(o->keyword, "host") == 0)
+			host = o->val;
+		else if (strcmp(o->keyword, "hostaddr") == 0)
+			hostaddr = o->val;
+		else if (strcmp(o->keyword, "port") == 0)
+			port = o->val;
+		else if (strcmp(o->keyword, "target_session_attrs") == 0)
+			tsa = o->val;
+		len += strlen(o->val) + 1;
+	}
+	h->buf = malloc(len);
+	h->keywords = calloc(total + 1, sizeof(char *));
+	if (h->buf == NULL || h->keywords == NULL)
+		goto oom;
+	at = h->buf;
+	nh = split(dup_into(&at, host), hv);
+	na = split(dup_into(&at, hostaddr), av);
+	np = split(dup_into(&at, port), pv);
+	n = nh > na ? nh : na;
+	if (n > PG_HOSTS_MAX || np > PG_HOSTS_MAX) {
+		snprintf(err, errlen, "--store: more than %d hosts", PG_HOSTS_MAX);
+		goto fail;
+	}
+	if ((nh > 1 && na > 1 && nh != na) || (np > 1 && np != n)) {
+		snprintf(err, errlen, "--store: %d hosts, %d host addresses and "
+			 "%d ports do not match", nh, na, np);
+		goto fail;
+	}
+	h->probe = n > 1 && wants_primary(tsa);
+	h->n = h->probe ? n : 1;
+
+	/* the keywords: every option set, host/hostaddr/port always (their
+	 * values differ by host), target_session_attrs always */
+	for (o = opts; o->keyword != NULL; o++) {
+		bool per_host = strcmp(o->keyword, "host") == 0 ||
+				strcmp(o->keyword, "hostaddr") == 0 ||
+				strcmp(o->keyword, "port") == 0;
+
+		if (o->val == NULL && !per_host &&
+		    strcmp(o->keyword, "target_session_attrs") != 0)
+			continue;
+		if (strcmp(o->keyword, "host") == 0)
+			ihost = nkw;
+		else if (strcmp(o->keyword, "hostaddr") == 0)
+			iaddr = nkw;
+		else if (strcmp(o->keyword, "port") == 0)
+			iport = nkw;
+		h->keywords[nkw++] = o->keyword;
+	}
+	for (int i = 0; i < h->n; i++) {
+		const char *hs, *ps;
+
+		h->values[i] = calloc((size_t)nkw + 1, sizeof(char *));
+		if (h->values[i] == NULL)
+			goto oom;
+		for (int k = 0; k < nkw; k++) {
+			for (o = opts; o->keyword != h->keywords[k]; o++)
+				;
+			h->values[i][k] = o->val;
+			if (strcmp(o->keyword, "target_session_attrs") == 0 &&
+			    o->val == NULL)
+				h->values[i][k] = "read-write";
+		}
+		if (h->probe) {
+			if (ihost >= 0)
+				h->values[i][ihost] = nh > 1 ? hv[i] : hv[0];
+			if (iaddr >= 0)
+				h->values[i][iaddr] = na > 1 ? av[i] : av[0];
+			if (iport >= 0)
+				h->values[i][iport] = np > 1 ? pv[i] : pv[0];
+		}
+		hs = nh > 1 ? hv[i] : hv[0];
+		if (hs == NULL || hs[0] == '\0')
+			hs = na > 1 ? av[i] : av[0];
+		ps = np > 1 ? pv[i] : pv[0];
+		snprintf(h->label[i], sizeof(h->label[i]), "%s:%s",
+			 hs != NULL && hs[0] != '\0' && h->probe ? hs :
+			 host != NULL ? host : "(default)",
+			 ps != NULL && ps[0] != '\0' && h->probe ? ps :
+			 port != NULL ? port : "5432");
+	}
+	return 0;
+oom:
+	snprintf(err, errlen, "--store: out of memory");
+fail:
+	pg_hosts_free(h);
+	return -1;
+}
+
+void pg_hosts_free(struct pg_hosts *h)
+{
+	for (int i = 0; i < PG_HOSTS_MAX; i++)
+		free(h->values[i]);
+	free(h->keywords);
+	free(h->buf);
+	if (h->opts != NULL)
+		PQconninfoFree(h->opts);
+	memset(h, 0, sizeof(*h));
+}

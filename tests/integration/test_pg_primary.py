@@ -1,0 +1,187 @@
+"""Following the primary, and commits PostgreSQL did not acknowledge
+(issue 19), on single PostgreSQL servers standing in for a cluster's
+parts (tests/ha/ runs the real Patroni cluster):
+
+  - a host that accepts TCP and never answers (a frozen primary) at the
+    head of a multi-host --store does not stop the proxy from using the
+    next host;
+  - a server that turns read-only under live connections (a demoted
+    primary, a VIP or pooler pointing at a standby) is dropped: /readyz
+    says 503 while no writable server is reachable, and the proxy is back
+    as soon as one is;
+  - a claim whose commit's wait for the synchronous standby was cancelled
+    (PostgreSQL: "canceling wait for synchronous replication ... committed
+    locally, but might not have been replicated") is never forwarded.
+"""
+import concurrent.futures
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from support.http import RawConn, assert_problem
+from support.procs import metric_value, readyz, wait_readyz
+from support.stores import PG_BINDIR, PgServer
+
+
+@pytest.fixture
+def private_pg():
+    if not os.access(os.path.join(PG_BINDIR, "initdb"), os.X_OK):
+        pytest.skip("PostgreSQL 15 is not installed")
+    server = PgServer()
+    server.psql("create database idem")
+    yield server
+    server.shutdown()
+
+
+class SilentServer:
+    """Accepts TCP connections on 127.0.0.1 and never sends a byte: what a
+    SIGSTOPped PostgreSQL looks like from outside."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.held = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.sock.settimeout(0.2)
+        while not self.stopping:
+            try:
+                c, _ = self.sock.accept()
+                self.held.append(c)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+
+    def stop(self):
+        self.stopping = True
+        self.thread.join(5)
+        for c in self.held:
+            c.close()
+        self.sock.close()
+
+
+def keyed_post(port, key, body=b"{}", target="/orders"):
+    with RawConn(port, timeout=30) as c:
+        return c.request("POST", target, headers=[("Idempotency-Key", key)],
+                         body=body)
+
+
+def test_frozen_first_host_is_skipped(make_proxy, stub, pg_db):
+    silent = SilentServer()
+    try:
+        conninfo = (f"postgres://postgres@127.0.0.1:{silent.port},"
+                    f"127.0.0.1:{pg_db.server.port}/{pg_db.name}")
+        p = make_proxy("--store", conninfo)
+        wait_readyz(p, 200, timeout=10)
+        r = keyed_post(p.port, "frozen-1")
+        assert r.status == 200, r
+        r = keyed_post(p.port, "frozen-1")
+        assert r.status == 200 and r.header("Idempotent-Replayed") == "true"
+        assert stub.stats()["keys"].get("frozen-1") == 1
+        assert len(silent.held) >= 1     # it was tried, in parallel
+        assert "the primary is 127.0.0.1:" in p.log()
+    finally:
+        silent.stop()
+
+
+def set_read_only(pg, on):
+    pg.psql(f"alter system set default_transaction_read_only = "
+            f"{'on' if on else 'off'}")
+    pg.psql("select pg_reload_conf()")
+
+
+def test_read_only_server_is_left(make_proxy, stub, private_pg):
+    url = private_pg.url("idem")
+    p = make_proxy("--store", url)
+    wait_readyz(p, 200)
+    assert keyed_post(p.port, "ro-1").status == 200
+    set_read_only(private_pg, True)
+    try:
+        # the live connection's next claim hits 25006: dropped; a new one
+        # is refused (read-write is asked for): not ready, 503, nothing
+        # executed
+        statuses = set()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            r = keyed_post(p.port, f"ro-wait-{len(statuses)}-{time.monotonic()}")
+            statuses.add(r.status)
+            if r.status == 503 and readyz(p) == 503:
+                break
+            time.sleep(0.2)
+        assert readyz(p) == 503, p.log()
+        r = keyed_post(p.port, "ro-2")
+        assert_problem(r, 503, "store-unavailable")
+        assert "ro-2" not in stub.stats()["keys"]
+    finally:
+        set_read_only(private_pg, False)
+    wait_readyz(p, 200, timeout=5)
+    r = keyed_post(p.port, "ro-3")
+    assert r.status == 200, r
+    assert stub.stats()["keys"].get("ro-3") == 1
+    assert "read-only" in p.log()
+
+
+def cancel_sync_waits(pg, stop):
+    """Cancel every backend waiting for the synchronous standby, until
+    stop is set; returns how many cancels were sent."""
+    n = 0
+    while not stop.is_set():
+        out = pg.psql("select count(pg_cancel_backend(pid)) from "
+                      "pg_stat_activity where wait_event = 'SyncRep'",
+                      db="idem")
+        n += int(out or 0)
+        time.sleep(0.05)
+    return n
+
+
+def test_cancelled_sync_wait_is_not_a_won_claim(make_proxy, stub,
+                                                private_pg):
+    """No standby is connected, so every writing commit waits for one; the
+    test cancels each wait. Each commit is then local only: the claim is
+    written again (and cancelled again) until its deadline, and the
+    request is refused, never forwarded. Once commits are acknowledged
+    again, the key executes exactly once."""
+    url = private_pg.url("idem")
+    p = make_proxy("--store", url, "--lease", "3s", "--upstream-timeout", "2s")
+    wait_readyz(p, 200)
+    private_pg.psql("alter system set synchronous_standby_names = 'ghost'")
+    private_pg.psql("select pg_reload_conf()")
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(2) as ex:
+        canceller = ex.submit(cancel_sync_waits, private_pg, stop)
+        try:
+            r = keyed_post(p.port, "sync-1")
+        finally:
+            stop.set()
+        cancels = canceller.result()
+    assert cancels >= 1
+    assert r.status == 503, r
+    assert "sync-1" not in stub.stats()["keys"], stub.stats()
+    unacked = metric_value(p.metrics(),
+                           "idemproxy_store_unacknowledged_commits_total")
+    assert unacked >= 1
+    assert "not acknowledged by the synchronous standby" in p.log()
+
+    private_pg.psql("alter system reset synchronous_standby_names")
+    private_pg.psql("select pg_reload_conf()")
+    # the abandoned claim is released in the background (or its lease
+    # ends); then the key executes, once
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        r = keyed_post(p.port, "sync-1")
+        if r.status == 200:
+            break
+        assert r.status in (409, 503), r
+        time.sleep(0.3)
+    assert r.status == 200, (r, p.log())
+    assert keyed_post(p.port, "sync-1").header("Idempotent-Replayed") == "true"
+    assert stub.stats()["keys"].get("sync-1") == 1
