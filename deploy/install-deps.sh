@@ -13,6 +13,7 @@ PACKAGES="
   curl procps ca-certificates
   clang libclang-rt-14-dev
   prometheus
+  patroni etcd-server
 "
 
 missing=""
@@ -47,6 +48,16 @@ case " $missing " in
   if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
     echo "install-deps: prometheus installed for promtool; its service disabled"
+  fi
+  ;;
+esac
+# etcd-server and patroni are for tests/ha, which start their own etcd and
+# Patroni nodes in a temp dir: the packages' services are not wanted.
+case " $missing " in
+*" etcd-server "*|*" patroni "*)
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now etcd patroni >/dev/null 2>&1 || true
+    echo "install-deps: etcd and patroni installed for tests/ha; their services disabled"
   fi
   ;;
 esac
