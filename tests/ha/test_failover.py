@@ -121,6 +121,29 @@ def recovery(proxies, t_writable, tag, timeout=30.0):
     return lags
 
 
+def check_history(stub, load, proxies):
+    """No key executed twice; every 200 of a key the same body (a replay is
+    the one execution's response). Prints the run's figures."""
+    executed = stub.stats()["keys"]
+    twice = {k: n for k, n in executed.items() if n > 1}
+    mixed = {k: sorted({b for s, b in a if s == 200})
+             for k, a in load.answers.items()}
+    mixed = {k: v for k, v in mixed.items() if len(v) > 1}
+    statuses = defaultdict(int)
+    for a in load.answers.values():
+        for s, _ in a:
+            statuses[s] += 1
+    unacked = sum(int(line.split()[-1]) for p in proxies
+                  for line in p.metrics().splitlines()
+                  if line.startswith(
+                      "idemproxy_store_unacknowledged_commits_total"))
+    print(f"keys {len(load.answers)}, executions {sum(executed.values())}, "
+          f"answers {dict(statuses)}, unacknowledged commits rewritten "
+          f"{unacked}")
+    assert not twice, f"executed more than once: {twice}"
+    assert not mixed, f"different 200 bodies for one key: {list(mixed)[:5]}"
+
+
 @pytest.fixture(scope="module")
 def cluster():
     for binary in (PATRONI_BIN, ETCD_BIN):
@@ -184,26 +207,12 @@ def test_failovers_execute_each_key_once(cluster, tmp_path):
     finally:
         load.stop()
 
-    executed = stub.stats()["keys"]
-    twice = {k: n for k, n in executed.items() if n > 1}
-    mixed = {k: sorted({b for s, b in a if s == 200})
-             for k, a in load.answers.items()}
-    mixed = {k: v for k, v in mixed.items() if len(v) > 1}
-    statuses = defaultdict(int)
-    for a in load.answers.values():
-        for s, _ in a:
-            statuses[s] += 1
-    unacked = sum(int(line.split()[-1]) for p in proxies
-                  for line in p.metrics().splitlines()
-                  if line.startswith("idemproxy_store_unacknowledged_commits_total"))
-    print(f"keys {len(load.answers)}, executions {sum(executed.values())}, "
-          f"answers {dict(statuses)}, unacknowledged commits rewritten "
-          f"{unacked}")
-    for p in proxies:
-        p.check_stopped()
-    stub.check_stopped()
-    assert not twice, f"executed more than once: {twice}"
-    assert not mixed, f"different 200 bodies for one key: {list(mixed)[:5]}"
+    try:
+        check_history(stub, load, proxies)
+    finally:
+        for p in proxies:
+            p.check_stopped()
+        stub.check_stopped()
     slow = {f: x for f, v in lags.items() for x in v
             if x is None or x > RECOVERY_BOUND_S}
     assert not slow, (lags, [read_text(p.log_path)[-3000:] for p in proxies])

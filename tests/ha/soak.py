@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""The long HA soak (docs/ha.md): the cluster and instances of
+test_failover.py under random faults for a few minutes, then the same
+history check: no key executed twice, one 200 body per key, and every
+instance back within RECOVERY_BOUND_S of the cluster after each fault.
+
+    /usr/bin/python3 tests/ha/soak.py [MINUTES] [SEED]
+
+IDEMPROXY_BIN and STUB_UPSTREAM_BIN name the binaries (default: the test
+build, build-test/). Everything listens on 127.0.0.1 and is stopped by PID
+at the end. Exit 0 on PASS.
+"""
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+os.environ.setdefault("IDEMPROXY_BIN",
+                      os.path.join(ROOT, "build-test/proxy/idemproxy"))
+os.environ.setdefault("STUB_UPSTREAM_BIN",
+                      os.path.join(ROOT, "build-test/tests/support/stub_upstream"))
+
+from test_failover import (RECOVERY_BOUND_S, Cluster, Load, Proxy,  # noqa
+                           Stub, check_history, recovery)
+
+
+def fault_freeze(c, head):
+    leader = c.leader()
+    c.freeze(leader)
+    try:
+        c.wait_leader(exclude=leader, timeout=90)
+        return f"froze {leader}{' (head)' if leader == head else ''}"
+    finally:
+        c.thaw(leader)
+
+
+def fault_switchover(c, head):
+    return f"switchover to {c.switchover()}"
+
+
+def fault_kill_node(c, head):
+    leader = c.leader()
+    c.kill_node(leader)
+    c.wait_leader(exclude=leader)
+    c.start_node(leader, wait=False)
+    return f"killed host {leader}"
+
+
+def fault_kill_postgres(c, head):
+    leader = c.leader()
+    c.kill_postgres(leader)
+    c.wait_leader()
+    return f"kill -9 postmaster of {leader}"
+
+
+def fault_cancel_waits(c, head):
+    leader = c.leader()
+    n = 0
+    t_end = time.monotonic() + 2.0
+    while time.monotonic() < t_end:
+        out = c.psql(leader, "select count(pg_cancel_backend(pid)) from "
+                     "pg_stat_activity where wait_event = 'SyncRep'",
+                     check=False)
+        n += int(out or 0)
+    c.kill_node(leader)
+    c.wait_leader(exclude=leader)
+    c.start_node(leader, wait=False)
+    return f"{n} sync waits cancelled on {leader}, then its host killed"
+
+
+FAULTS = [fault_freeze, fault_switchover, fault_kill_node,
+          fault_kill_postgres, fault_cancel_waits]
+
+
+def main():
+    minutes = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+    seed = int(sys.argv[2]) if len(sys.argv) > 2 else int(time.time())
+    rnd = random.Random(seed)
+    print(f"ha soak: {minutes} min, seed {seed}")
+    tmp = Path(tempfile.mkdtemp(prefix="idem-ha-soak-"))
+    c = Cluster(tmpdir=str(tmp), n=3, synchronous=True, strict=True)
+    stub = proxies = load = None
+    lags = []
+    try:
+        stub = Stub(tmp)
+        head = c.leader()
+        order = [head] + [n.name for n in c.nodes if n.name != head]
+        hosts = ",".join(f"127.0.0.1:{c.node(x).pg_port}" for x in order)
+        url = f"postgres://idem:idem@{hosts}/idem"
+        proxies = [Proxy(tmp, stub.url, "--store", url, "--lease", "30s",
+                         name=f"idemproxy{i}") for i in range(3)]
+        load = Load(proxies)
+        t_end = time.monotonic() + minutes * 60
+        while time.monotonic() < t_end:
+            c.wait_healthy(timeout=120)
+            time.sleep(rnd.uniform(1, 5))
+            what = rnd.choice(FAULTS)(c, head)
+            lag = recovery(proxies, time.monotonic(), what)
+            lags.append((what, lag))
+            print(f"  {what}: " + ", ".join(
+                "none" if x is None else f"{x:.2f}s" for x in lag))
+    finally:
+        if load is not None:
+            load.stop()
+    ok = True
+    try:
+        check_history(stub, load, proxies)
+    except AssertionError as e:
+        print(f"ha soak: FAIL: {e}")
+        ok = False
+    slow = [(w, x) for w, v in lags for x in v
+            if x is None or x > RECOVERY_BOUND_S]
+    if slow:
+        print(f"ha soak: FAIL: slower than {RECOVERY_BOUND_S} s: {slow}")
+        ok = False
+    for p in proxies or []:
+        p.stop()
+    if stub is not None:
+        stub.stop()
+    c.stop()
+    print(f"ha soak: {'PASS' if ok else 'FAIL'} (seed {seed}; logs in {tmp})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
