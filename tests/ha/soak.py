@@ -99,7 +99,7 @@ def main():
             c.wait_healthy(timeout=120)
             time.sleep(rnd.uniform(1, 5))
             what = rnd.choice(FAULTS)(c, head)
-            lag = recovery(proxies, time.monotonic(), what)
+            lag = recovery(proxies, time.monotonic(), f"f{len(lags)}")
             lags.append((what, lag))
             print(f"  {what}: " + ", ".join(
                 "none" if x is None else f"{x:.2f}s" for x in lag))
