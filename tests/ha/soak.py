@@ -103,9 +103,16 @@ def main():
             lags.append((what, lag))
             print(f"  {what}: " + ", ".join(
                 "none" if x is None else f"{x:.2f}s" for x in lag))
-    finally:
+    except BaseException:
         if load is not None:
             load.stop()
+        for p in proxies or []:
+            p.stop()
+        if stub is not None:
+            stub.stop()
+        c.stop()
+        raise
+    load.stop()
     ok = True
     try:
         check_history(stub, load, proxies)

@@ -160,8 +160,16 @@ def test_failovers_execute_each_key_once(cluster, tmp_path):
     order = [head] + [n.name for n in cluster.nodes if n.name != head]
     hosts = ",".join(f"127.0.0.1:{cluster.node(x).pg_port}" for x in order)
     url = f"postgres://idem:idem@{hosts}/idem"
-    proxies = [Proxy(tmp_path, stub.url, "--store", url, "--lease", "30s",
-                     name=f"idemproxy{i}") for i in range(3)]
+    proxies = []
+    try:
+        for i in range(3):
+            proxies.append(Proxy(tmp_path, stub.url, "--store", url,
+                                 "--lease", "30s", name=f"idemproxy{i}"))
+    except BaseException:
+        for p in proxies:
+            p.stop()
+        stub.stop()
+        raise
     load = Load(proxies)
     lags = {}
     try:
@@ -204,8 +212,13 @@ def test_failovers_execute_each_key_once(cluster, tmp_path):
                                                      "cancel")
         cluster.start_node(leader, wait=False)
         time.sleep(2)
-    finally:
+    except BaseException:
         load.stop()
+        for p in proxies:
+            p.stop()
+        stub.stop()
+        raise
+    load.stop()
 
     try:
         check_history(stub, load, proxies)

@@ -212,7 +212,13 @@ class Proxy:
         self.pid = self.proc.pid
         self.stopped = False
         if wait_ready:
-            self.wait_healthy()
+            try:
+                self.wait_healthy()
+            except BaseException:
+                # nobody holds this Proxy to stop it later
+                self.proc.kill()
+                self.proc.wait()
+                raise
 
     def log(self):
         return read_text(self.log_path)
