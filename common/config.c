@@ -105,7 +105,9 @@ static const struct config_opt options[] = {
 	{ .name = "redis", .type = OPT_REDIS_URL, .off = F(redis),
 	  .aux = F(redis_hp), .defdoc = "off",
 	  .metavar = "redis://HOST[:PORT][/DB]", .flags = OPT_RESTART,
-	  .help = "optional cache of completed responses in front of PostgreSQL" },
+	  .help = "optional cache of completed responses in front of PostgreSQL; "
+		  "redis-sentinel://HOST[:PORT],.../MASTER[/DB] follows the "
+		  "master the sentinels name" },
 	{ .name = "admin-listen", .type = OPT_HOSTPORT, .off = F(admin_listen),
 	  .aux = F(admin_hp), .def = "127.0.0.1:9090", .metavar = "ADDR:PORT",
 	  .flags = OPT_RESTART,
@@ -382,7 +384,7 @@ static int parse_special(const struct config_opt *o, const char *v,
 		break;
 	case OPT_REDIS_URL:
 		rc = hostport_parse_redis_url(v, field(c, o->aux), &c->redis_db,
-					      err, errlen);
+					      &c->redis_master, err, errlen);
 		break;
 	case OPT_METHODS:
 		rc = setting_parse_methods(v, field(c, o->aux), err, errlen);
@@ -441,8 +443,12 @@ static void opt_clear(const struct config_opt *o, struct config *c)
 		c->upstream_prefix = NULL;
 		break;
 	case OPT_HOSTPORT:
+		hostport_clear(field(c, o->aux));
+		break;
 	case OPT_REDIS_URL:
 		hostport_clear(field(c, o->aux));
+		free(c->redis_master);
+		c->redis_master = NULL;
 		break;
 	case OPT_STORE:
 	case OPT_METHODS:

@@ -43,8 +43,10 @@ struct config {
 	char *upstream_prefix;		/* "" or "/prefix" without trailing '/' */
 	char *store;			/* "memory" or a postgres:// URL */
 	char *redis;			/* NULL when off */
-	struct hostport redis_hp;	/* host/port of redis; NULLs when off */
+	struct hostport redis_hp;	/* host/port of redis; NULLs when off;
+					 * sentinels: hostport.h */
 	int redis_db;			/* "/DB" of the redis URL, 0 when none */
+	char *redis_master;		/* redis-sentinel://: the master's name */
 	char *admin_listen;
 	struct hostport admin_hp;
 	char *config_file;		/* NULL when none */

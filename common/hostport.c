@@ -233,8 +233,99 @@ fail:
 	return ret;
 }
 
+/* A Redis Sentinel master name: what sentinel.conf accepts, kept short. */
+static bool valid_master(const char *m, size_t n)
+{
+	if (n == 0 || n > 64)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((m[i] >= 'a' && m[i] <= 'z') || (m[i] >= 'A' && m[i] <= 'Z') ||
+		      (m[i] >= '0' && m[i] <= '9') || m[i] == '-' || m[i] == '_' ||
+		      m[i] == '.'))
+			return false;
+	return true;
+}
+
+#define SENTINEL_SCHEME "redis-sentinel://"
+#define SENTINEL_SYNTAX SENTINEL_SCHEME "HOST[:PORT][,HOST[:PORT]...]/MASTER[/DB]"
+
+/* redis-sentinel://...: hp->host the sentinels, canonical, hp->port NULL. */
+static int parse_sentinel_url(const char *url, struct hostport *hp,
+			      char **master, int *db, char *err, size_t errlen)
+{
+	const char *auth = url + strlen(SENTINEL_SCHEME), *slash, *name, *end;
+	char *list = NULL, *item, *save = NULL, *out = NULL;
+	size_t cap, used = 0;
+	uint64_t n = 0;
+	int count = 0, ret = -1;
+	char sh[80];
+
+	slash = strchr(auth, '/');
+	if (slash == NULL || slash == auth || strpbrk(url, "@?#") != NULL) {
+		snprintf(err, errlen, "invalid URL \"%s\" (expected %s)",
+			 setting_shown(url, sh, sizeof(sh)), SENTINEL_SYNTAX);
+		return -1;
+	}
+	name = slash + 1;
+	end = strchr(name, '/');
+	if (!valid_master(name, end ? (size_t)(end - name) : strlen(name))) {
+		snprintf(err, errlen, "invalid master name in \"%s\" (letters, "
+			 "digits, '-', '_', '.'; at most 64)",
+			 setting_shown(url, sh, sizeof(sh)));
+		return -1;
+	}
+	if (end != NULL && setting_parse_uint(end + 1, 2147483647, &n) < 0) {
+		snprintf(err, errlen, "invalid database number \"%s\"",
+			 setting_shown(end + 1, sh, sizeof(sh)));
+		return -1;
+	}
+	list = strndup(auth, (size_t)(slash - auth));
+	cap = 2 * (size_t)(slash - auth) + 64;
+	out = calloc(1, cap);
+	if (list == NULL || out == NULL)
+		goto oom;
+	for (item = strtok_r(list, ",", &save); item != NULL;
+	     item = strtok_r(NULL, ",", &save)) {
+		struct hostport one = { 0 };
+		bool v6;
+
+		if (++count > HOSTPORT_SENTINELS_MAX) {
+			snprintf(err, errlen, "more than %d sentinels",
+				 HOSTPORT_SENTINELS_MAX);
+			goto fail;
+		}
+		if (hostport_parse(item, "26379", 1, &one, err, errlen) < 0)
+			goto fail;
+		v6 = strchr(one.host, ':') != NULL;
+		used += (size_t)snprintf(out + used, cap - used, "%s%s%s%s:%s",
+					 used ? "," : "", v6 ? "[" : "", one.host,
+					 v6 ? "]" : "", one.port);
+		hostport_clear(&one);
+	}
+	if (count == 0) {
+		snprintf(err, errlen, "no sentinel in \"%s\"",
+			 setting_shown(url, sh, sizeof(sh)));
+		goto fail;
+	}
+	*master = strndup(name, end ? (size_t)(end - name) : strlen(name));
+	if (*master == NULL)
+		goto oom;
+	hostport_clear(hp);
+	hp->host = out;
+	out = NULL;
+	*db = (int)n;
+	ret = 0;
+	goto fail;
+oom:
+	snprintf(err, errlen, "out of memory");
+fail:
+	free(list);
+	free(out);
+	return ret;
+}
+
 int hostport_parse_redis_url(const char *url, struct hostport *hp, int *db,
-			     char *err, size_t errlen)
+			     char **master, char *err, size_t errlen)
 {
 	const char *auth, *slash;
 	char *authority = NULL;
@@ -242,13 +333,18 @@ int hostport_parse_redis_url(const char *url, struct hostport *hp, int *db,
 	char sh[80];
 	int ret = -1;
 
+	free(*master);
+	*master = NULL;
+	if (strncasecmp(url, SENTINEL_SCHEME, strlen(SENTINEL_SCHEME)) == 0)
+		return parse_sentinel_url(url, hp, master, db, err, errlen);
 	if (strncasecmp(url, "rediss://", 9) == 0) {
 		snprintf(err, errlen, "TLS to Redis (rediss://) is not supported");
 		goto fail;
 	}
 	if (strncasecmp(url, "redis://", 8) != 0) {
 		snprintf(err, errlen, "invalid URL \"%s\" (expected "
-			 "redis://HOST[:PORT][/DB])", setting_shown(url, sh, sizeof(sh)));
+			 "redis://HOST[:PORT][/DB] or %s)",
+			 setting_shown(url, sh, sizeof(sh)), SENTINEL_SYNTAX);
 		goto fail;
 	}
 	auth = url + 8;

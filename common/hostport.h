@@ -33,9 +33,17 @@ int hostport_parse_http_url(const char *url, struct hostport *hp,
 			    char **prefix, bool *tls, char *err,
 			    size_t errlen) MUSTCHECK;
 
-/* redis://HOST[:PORT][/DB] into hp and *db (0 when none). */
+#define HOSTPORT_SENTINELS_MAX 8
+
+/*
+ * redis://HOST[:PORT][/DB] into hp and *db (0 when none), *master NULL; or
+ * redis-sentinel://HOST[:PORT][,HOST[:PORT]...]/MASTER[/DB] (sentinel
+ * ports default to 26379): hp->host is then the sentinels as a canonical
+ * list ("10.0.0.1:26379,[::1]:26379"), hp->port NULL, *master the master's
+ * name (allocated). Whatever *master held is freed first.
+ */
 int hostport_parse_redis_url(const char *url, struct hostport *hp, int *db,
-			     char *err, size_t errlen) MUSTCHECK;
+			     char **master, char *err, size_t errlen) MUSTCHECK;
 
 /* Free both strings and set them to NULL. */
 void hostport_clear(struct hostport *hp);

@@ -273,8 +273,12 @@ static struct store *open_store(const struct config *cfg)
 	s = pg = store_pg_new(cfg->store, cfg->store_connections);
 	if (s != NULL && cfg->redis != NULL) {
 		/* the fast path in front of PostgreSQL; takes the inner store */
-		s = store_redis_new(s, cfg->redis_hp.host, cfg->redis_hp.port,
-				    cfg->redis_db, err, sizeof(err));
+		s = cfg->redis_master != NULL ?
+			store_redis_new_sentinel(s, cfg->redis_hp.host,
+						 cfg->redis_master,
+						 cfg->redis_db, err, sizeof(err)) :
+			store_redis_new(s, cfg->redis_hp.host, cfg->redis_hp.port,
+					cfg->redis_db, err, sizeof(err));
 		if (s == NULL)
 			log_error("--redis %s: %s", cfg->redis, err);
 	}
@@ -573,7 +577,8 @@ static int keys_cmd(int argc, char **argv)
 	if (redis_url != NULL && redis_url[0] != '\0') {
 		c.redis = (char *)redis_url;
 		if (hostport_parse_redis_url(redis_url, &c.redis_hp, &c.redis_db,
-					     err, sizeof(err)) < 0) {
+					     &c.redis_master, err,
+					     sizeof(err)) < 0) {
 			rc = keys_usage(err);
 			goto out;
 		}
@@ -601,6 +606,7 @@ out:
 	if (r.base != NULL)
 		event_base_free(r.base);
 	hostport_clear(&c.redis_hp);
+	free(c.redis_master);
 	config_unref(cfg);
 	return rc;
 }

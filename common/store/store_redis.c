@@ -29,6 +29,14 @@
  * notices a dead peer that never sent a reset. The back-off is reset only by
  * a good reply to a GET or SET, so a Redis that accepts connections but
  * answers slowly is retried ever less often, up to every 5 s.
+ *
+ * Redis Sentinel (redis-sentinel://S1,S2/MASTER): before each connect the
+ * connection asks the sentinels, one after the other, for the master's
+ * address (SENTINEL get-master-addr-by-name), connects there and checks
+ * with ROLE that it is a master before SELECT; a write answered READONLY
+ * (the master was demoted: a failover) drops the connection, and the next
+ * connect asks again. Redis stays a cache in front of the authority: a
+ * master promoted without the last writes only costs misses.
  */
 #include "store_redis.h"
 
@@ -51,6 +59,7 @@
 
 #include "addrs.h"
 #include "clock.h"
+#include "hostport.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -74,6 +83,7 @@
 
 enum rconn_state {
 	RC_DOWN,		/* no connection; the retry timer may be armed */
+	RC_ASKING,		/* sentinel mode: asking a sentinel for the master */
 	RC_CONNECTING,		/* TCP connect in progress */
 	RC_SELECTING,		/* connected, SELECT db sent */
 	RC_UP,			/* usable for lookups and write-through */
@@ -100,6 +110,12 @@ struct rconn {
 	bool failing;			/* an outage was logged */
 	int addr;			/* rs->addrs[addr]: connecting to */
 	int tried;			/* addresses refused in a row */
+	redisAsyncContext *sac;		/* RC_ASKING: the sentinel asked */
+	int sentinel;			/* rs->sentinels[sentinel]: asked next */
+	int asked;			/* sentinels that failed in a row */
+	bool have_master;		/* master_addr is the answer to use */
+	char master_addr[64];		/* what a sentinel said */
+	int master_port;
 	bool closing;			/* rc_free(): no new work for anyone */
 	LIST_ENTRY(rconn) link;		/* rs->conns, under rs->mu */
 	struct rconn *tl_next;		/* the creating thread's list */
@@ -109,12 +125,20 @@ struct redis_store {
 	struct store base;
 	struct store *inner;
 	char host[256];			/* as configured */
+	char label[320];		/* for the log: host:port, or the master */
 	char addrs[ADDRS_MAX][64];	/* numeric, IPv4 first, once resolved */
 	int naddrs;
 	atomic_int cur;			/* the one that connected last */
 	atomic_bool resolved;
 	int port;
 	int db;
+	char *master;			/* sentinel mode: the master's name */
+	int nsentinels;
+	struct {
+		char host[256];		/* as configured */
+		int port;
+		char addr[64];		/* numeric, once resolved */
+	} sentinels[HOSTPORT_SENTINELS_MAX];
 	atomic_uint timeout_ms;
 	pthread_key_t tl_key;		/* this thread's struct rconn list */
 	pthread_mutex_t mu;		/* conns */
@@ -311,10 +335,10 @@ static void rc_failed(struct rconn *rc, const char *why)
 
 	metrics_store_error(STORE_KIND_REDIS);
 	if (!rc->failing)
-		log_warn("redis %s:%d: %s; claims go to the store until it is back",
-			 rs->host, rs->port, why);
+		log_warn("redis %s: %s; claims go to the store until it is back",
+			 rs->label, why);
 	else
-		log_debug("redis %s:%d: %s", rs->host, rs->port, why);
+		log_debug("redis %s: %s", rs->label, why);
 	rc->failing = true;
 	rc->state = RC_DOWN;
 	rc->ac = NULL;
@@ -363,7 +387,7 @@ static void on_select(redisAsyncContext *ac, void *r, void *priv)
 		return;
 	}
 	if (rc->failing)
-		log_info("redis %s:%d: connected", rc->rs->host, rc->rs->port);
+		log_info("redis %s: connected", rc->rs->label);
 	rc->failing = false;
 	rc->state = RC_UP;
 }
@@ -378,7 +402,7 @@ static void rc_connect_failed(struct rconn *rc, const char *why)
 		struct timeval now = { 0, 0 };
 		int next = (rc->addr + 1) % rs->naddrs;
 
-		log_info("redis %s:%d: %s: %s; trying %s", rs->host, rs->port,
+		log_info("redis %s: %s: %s; trying %s", rs->label,
 			 rs->addrs[rc->addr], why, rs->addrs[next]);
 		rc->addr = next;
 		rc->state = RC_DOWN;
@@ -387,6 +411,35 @@ static void rc_connect_failed(struct rconn *rc, const char *why)
 	}
 	rc->tried = 0;
 	rc_failed(rc, why);
+}
+
+static void send_select(struct rconn *rc)
+{
+	if (redisAsyncCommand(rc->ac, on_select, NULL, "SELECT %d",
+			      rc->rs->db) != REDIS_OK)
+		rc->state = RC_CONNECTING;	/* disconnecting: callback follows */
+}
+
+/* Sentinel mode: is the server a sentinel named really the master? (Its
+ * view may lag a failover.) */
+static void on_role(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct rconn *rc = ac->data;
+	redisReply *reply = r;
+	char why[160];
+
+	(void)priv;
+	if (rc == NULL || reply == NULL)
+		return;		/* dropped: the disconnect callback acts */
+	if (reply->type == REDIS_REPLY_ARRAY && reply->elements > 0 &&
+	    reply->element[0]->type == REDIS_REPLY_STRING &&
+	    strcmp(reply->element[0]->str, "master") == 0) {
+		send_select(rc);
+		return;
+	}
+	snprintf(why, sizeof(why), "%s:%d is not the master (a sentinel's "
+		 "view lagged a failover)", rc->master_addr, rc->master_port);
+	rc_drop(rc, why);
 }
 
 static void on_connect(const redisAsyncContext *cac, int status)
@@ -407,9 +460,12 @@ static void on_connect(const redisAsyncContext *cac, int status)
 	rc->tried = 0;
 	atomic_store_explicit(&rc->rs->cur, rc->addr, memory_order_relaxed);
 	rc->state = RC_SELECTING;
-	if (redisAsyncCommand(rc->ac, on_select, NULL, "SELECT %d",
-			      rc->rs->db) != REDIS_OK)
-		rc->state = RC_CONNECTING;	/* disconnecting: callback follows */
+	if (rc->rs->master != NULL) {
+		if (redisAsyncCommand(rc->ac, on_role, NULL, "ROLE") != REDIS_OK)
+			rc->state = RC_CONNECTING;
+		return;
+	}
+	send_select(rc);
 }
 
 static void on_disconnect(const redisAsyncContext *cac, int status)
@@ -424,6 +480,141 @@ static void on_disconnect(const redisAsyncContext *cac, int status)
 	rc_failed(rc, cac->errstr[0] != '\0' ? cac->errstr : "connection closed");
 }
 
+/* ---- sentinel mode: which server is the master ------------------------ */
+
+/* Stop talking to the sentinel (its callbacks then ignore it). */
+static void sentinel_close(struct rconn *rc)
+{
+	redisAsyncContext *sac = rc->sac;
+
+	if (sac == NULL)
+		return;
+	rc->sac = NULL;
+	sac->data = NULL;
+	redisAsyncDisconnect(sac);
+}
+
+/* This sentinel could not say (why): the next one at once, or, when each
+ * failed in a row, the back-off. */
+static void sentinel_failed(struct rconn *rc, const char *why)
+{
+	struct redis_store *rs = rc->rs;
+	int was = rc->sentinel;
+
+	sentinel_close(rc);
+	rc->state = RC_DOWN;
+	rc->sentinel = (rc->sentinel + 1) % rs->nsentinels;
+	if (++rc->asked < rs->nsentinels) {
+		struct timeval now = { 0, 0 };
+
+		log_debug("redis sentinel %s:%d: %s", rs->sentinels[was].host,
+			  rs->sentinels[was].port, why);
+		evtimer_add(rc->retry, &now);
+		return;
+	}
+	rc->asked = 0;
+	rc_failed(rc, why);
+}
+
+static void on_master_addr(redisAsyncContext *ac, void *r, void *priv)
+{
+	struct rconn *rc = ac->data;
+	redisReply *reply = r;
+	long port;
+
+	(void)priv;
+	if (rc == NULL)
+		return;		/* closed by us */
+	if (reply == NULL || reply->type != REDIS_REPLY_ARRAY ||
+	    reply->elements != 2 ||
+	    reply->element[0]->type != REDIS_REPLY_STRING ||
+	    reply->element[1]->type != REDIS_REPLY_STRING ||
+	    reply->element[0]->len >= sizeof(rc->master_addr) ||
+	    (port = strtol(reply->element[1]->str, NULL, 10)) < 1 ||
+	    port > 65535) {
+		char why[200];
+
+		snprintf(why, sizeof(why), "no address for master %s (%.100s)",
+			 rc->rs->master, reply == NULL ? "no answer" :
+			 reply->type == REDIS_REPLY_ERROR ? reply->str :
+			 reply->type == REDIS_REPLY_NIL ? "unknown master" :
+			 "unexpected answer");
+		sentinel_failed(rc, why);
+		return;
+	}
+	memcpy(rc->master_addr, reply->element[0]->str, reply->element[0]->len);
+	rc->master_addr[reply->element[0]->len] = '\0';
+	rc->master_port = (int)port;
+	rc->have_master = true;
+	rc->asked = 0;
+	sentinel_close(rc);
+	rc->state = RC_DOWN;
+	rc_connect(rc);
+}
+
+static void on_sentinel_connect(const redisAsyncContext *cac, int status)
+{
+	struct rconn *rc = cac->data;
+
+	if (rc == NULL)
+		return;
+	if (status != REDIS_OK) {
+		rc->sac = NULL;		/* hiredis frees it when we return */
+		sentinel_failed(rc, cac->errstr[0] != '\0' ? cac->errstr :
+					"cannot connect");
+	}
+}
+
+static void on_sentinel_disconnect(const redisAsyncContext *cac, int status)
+{
+	struct rconn *rc = cac->data;
+
+	(void)status;
+	if (rc == NULL)
+		return;		/* we closed it */
+	rc->sac = NULL;
+	sentinel_failed(rc, "the sentinel closed the connection");
+}
+
+/* Ask sentinel rc->sentinel for the master's address (RC_DOWN ->
+ * RC_ASKING); the answer connects to it. */
+static void rc_ask(struct rconn *rc)
+{
+	struct redis_store *rs = rc->rs;
+	const char *addr = rs->sentinels[rc->sentinel].addr;
+	redisAsyncContext *sac;
+
+	if (addr[0] == '\0') {
+		sentinel_failed(rc, "not resolved");
+		return;
+	}
+	sac = redisAsyncConnect(addr, rs->sentinels[rc->sentinel].port);
+	if (sac == NULL || sac->err != 0) {
+		char why[160];
+
+		snprintf(why, sizeof(why), "%.150s",
+			 sac != NULL ? sac->errstr : "out of memory");
+		if (sac != NULL)
+			redisAsyncFree(sac);
+		sentinel_failed(rc, why);
+		return;
+	}
+	sac->data = rc;
+	if (redisLibeventAttach(sac, rc->base) != REDIS_OK ||
+	    redisAsyncSetConnectCallback(sac, on_sentinel_connect) != REDIS_OK ||
+	    redisAsyncSetDisconnectCallback(sac, on_sentinel_disconnect) != REDIS_OK ||
+	    redisAsyncCommand(sac, on_master_addr, NULL,
+			      "SENTINEL get-master-addr-by-name %s",
+			      rs->master) != REDIS_OK) {
+		sac->data = NULL;
+		redisAsyncFree(sac);
+		sentinel_failed(rc, "cannot ask");
+		return;
+	}
+	rc->sac = sac;
+	rc->state = RC_ASKING;
+}
+
 /* Start connecting (RC_DOWN -> RC_CONNECTING), or schedule another try. */
 static void rc_connect(struct rconn *rc)
 {
@@ -434,9 +625,19 @@ static void rc_connect(struct rconn *rc)
 		rc_failed(rc, "host not resolved yet");
 		return;
 	}
-	if (rc->tried == 0)	/* a new round starts where the last one won */
-		rc->addr = atomic_load_explicit(&rs->cur, memory_order_relaxed);
-	ac = redisAsyncConnect(rs->addrs[rc->addr], rs->port);
+	if (rs->master != NULL && !rc->have_master) {
+		rc_ask(rc);
+		return;
+	}
+	if (rs->master != NULL) {
+		rc->have_master = false;	/* the next connect asks again */
+		ac = redisAsyncConnect(rc->master_addr, rc->master_port);
+	} else {
+		if (rc->tried == 0)	/* a new round starts where the last won */
+			rc->addr = atomic_load_explicit(&rs->cur,
+							memory_order_relaxed);
+		ac = redisAsyncConnect(rs->addrs[rc->addr], rs->port);
+	}
 	if (ac == NULL || ac->err != 0) {
 		char why[160];
 
@@ -500,6 +701,11 @@ static void rc_free(struct rconn *rc)
 {
 	rc->closing = true;
 	event_free(rc->retry);
+	if (rc->sac != NULL) {
+		rc->sac->data = NULL;
+		redisAsyncFree(rc->sac);
+		rc->sac = NULL;
+	}
 	rc_drop(rc, NULL);
 	free(rc);
 }
@@ -766,6 +972,10 @@ static void set_cb(redisAsyncContext *ac, void *r, void *priv)
 		metrics_store_error(STORE_KIND_REDIS);
 		if (reply != NULL)
 			log_debug("redis: SET: %.100s", reply->str);
+		if (reply != NULL && rc != NULL &&
+		    strncmp(reply->str, "READONLY", 8) == 0)
+			rc_drop(rc, "the master became a replica (READONLY); "
+				"looking for the master again");
 		return;
 	}
 	if (rc != NULL)
@@ -1140,6 +1350,34 @@ static bool redis_ready(struct store *s)
 	return store_ready(((struct redis_store *)s)->inner);
 }
 
+/* The first address of each sentinel's name (IPv4 first); true when at
+ * least one has one. Blocking, like resolve(). */
+static bool resolve_sentinels(struct redis_store *rs)
+{
+	int n = 0;
+
+	for (int i = 0; i < rs->nsentinels; i++) {
+		struct addrs a;
+		char err[128], port[8];
+
+		if (rs->sentinels[i].addr[0] != '\0') {
+			n++;
+			continue;
+		}
+		snprintf(port, sizeof(port), "%d", rs->sentinels[i].port);
+		if (addrs_resolve(&a, rs->sentinels[i].host, port, 0, "sentinel",
+				  err, sizeof(err)) < 0)
+			continue;
+		addrs_host((struct sockaddr *)&a.ss[0], a.len[0],
+			   rs->sentinels[i].addr, sizeof(rs->sentinels[i].addr));
+		n++;
+	}
+	if (n == 0)
+		return false;
+	atomic_store_explicit(&rs->resolved, true, memory_order_release);
+	return true;
+}
+
 /* The numeric addresses of rs->host into rs->addrs, IPv4 first as hiredis
  * would pick them. May block in DNS: only at start and on the main
  * thread's sweep, until it first succeeds. */
@@ -1147,6 +1385,9 @@ static bool resolve(struct redis_store *rs)
 {
 	static const int families[] = { AF_INET, AF_INET6 };
 	int n = 0;
+
+	if (rs->master != NULL)
+		return resolve_sentinels(rs);
 
 	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
 		struct addrinfo hints = { .ai_family = families[i],
@@ -1176,8 +1417,7 @@ static void redis_sweep(struct store *s, struct event_base *base)
 
 	if (!atomic_load_explicit(&rs->resolved, memory_order_acquire) &&
 	    resolve(rs))
-		log_info("redis %s:%d: resolved to %s%s", rs->host, rs->port,
-			 rs->addrs[0], rs->naddrs > 1 ? " and others" : "");
+		log_info("redis %s: resolved", rs->label);
 	store_sweep(rs->inner, base);
 }
 
@@ -1204,6 +1444,7 @@ static void redis_free(struct store *s)
 	pthread_key_delete(rs->tl_key);
 	pthread_mutex_destroy(&rs->mu);
 	store_free(rs->inner);
+	free(rs->master);
 	free(rs);
 }
 
@@ -1236,6 +1477,33 @@ static const struct store_ops redis_ops = {
 	.free = redis_free,
 };
 
+/* What both constructors share; NULL with err set (inner not freed). */
+static struct redis_store *redis_alloc(struct store *inner, int db, char *err,
+				       size_t errlen)
+{
+	struct redis_store *rs;
+
+	if (db < 0) {
+		snprintf(err, errlen, "redis: bad database index %d", db);
+		return NULL;
+	}
+	rs = calloc(1, sizeof(*rs));
+	if (rs == NULL || pthread_key_create(&rs->tl_key, tl_destroy) != 0) {
+		snprintf(err, errlen, "redis: out of memory");
+		free(rs);
+		return NULL;
+	}
+	rs->base.ops = &redis_ops;
+	rs->inner = inner;
+	rs->db = db;
+	atomic_init(&rs->resolved, false);
+	atomic_init(&rs->cur, 0);
+	atomic_init(&rs->timeout_ms, STORE_REDIS_TIMEOUT_MS);
+	pthread_mutex_init(&rs->mu, NULL);
+	LIST_INIT(&rs->conns);
+	return rs;
+}
+
 struct store *store_redis_new(struct store *inner, const char *host,
 			      const char *port, int db, char *err, size_t errlen)
 {
@@ -1256,33 +1524,77 @@ struct store *store_redis_new(struct store *inner, const char *host,
 		snprintf(err, errlen, "redis: bad port \"%.30s\"", port);
 		goto fail;
 	}
-	if (db < 0) {
-		snprintf(err, errlen, "redis: bad database index %d", db);
-		goto fail;
-	}
-	rs = calloc(1, sizeof(*rs));
+	rs = redis_alloc(inner, db, err, errlen);
 	if (rs == NULL)
-		goto oom;
-	if (pthread_key_create(&rs->tl_key, tl_destroy) != 0)
-		goto oom;
-	rs->base.ops = &redis_ops;
-	rs->inner = inner;
+		goto fail;
 	snprintf(rs->host, sizeof(rs->host), "%s", host);
 	rs->port = (int)p;
-	rs->db = db;
-	atomic_init(&rs->resolved, false);
-	atomic_init(&rs->cur, 0);
-	atomic_init(&rs->timeout_ms, STORE_REDIS_TIMEOUT_MS);
-	pthread_mutex_init(&rs->mu, NULL);
-	LIST_INIT(&rs->conns);
+	snprintf(rs->label, sizeof(rs->label), "%s:%d", host, rs->port);
 	if (!resolve(rs))
-		log_warn("redis %s:%d: cannot resolve the host yet; the fast path "
-			 "is off until it can", rs->host, rs->port);
+		log_warn("redis %s: cannot resolve the host yet; the fast path "
+			 "is off until it can", rs->label);
 	return &rs->base;
-oom:
-	snprintf(err, errlen, "redis: out of memory");
-	free(rs);
 fail:
+	store_free(inner);
+	return NULL;
+}
+
+struct store *store_redis_new_sentinel(struct store *inner,
+				       const char *sentinels,
+				       const char *master, int db, char *err,
+				       size_t errlen)
+{
+	struct redis_store *rs = NULL;
+	char *list = NULL, *item, *save = NULL;
+
+	if (inner == NULL) {
+		snprintf(err, errlen, "redis: no store to put it in front of");
+		return NULL;
+	}
+	rs = redis_alloc(inner, db, err, errlen);
+	list = strdup(sentinels);
+	if (rs == NULL || list == NULL)
+		goto fail;
+	rs->master = strdup(master);
+	if (rs->master == NULL)
+		goto fail;
+	for (item = strtok_r(list, ",", &save); item != NULL;
+	     item = strtok_r(NULL, ",", &save)) {
+		struct hostport hp = { 0 };
+
+		if (rs->nsentinels == HOSTPORT_SENTINELS_MAX ||
+		    hostport_parse(item, "26379", 1, &hp, err, errlen) < 0 ||
+		    strlen(hp.host) >= sizeof(rs->sentinels[0].host)) {
+			if (rs->nsentinels == HOSTPORT_SENTINELS_MAX)
+				snprintf(err, errlen, "redis: too many sentinels");
+			hostport_clear(&hp);
+			goto fail;
+		}
+		snprintf(rs->sentinels[rs->nsentinels].host,
+			 sizeof(rs->sentinels[0].host), "%s", hp.host);
+		rs->sentinels[rs->nsentinels].port = atoi(hp.port);
+		rs->nsentinels++;
+		hostport_clear(&hp);
+	}
+	if (rs->nsentinels == 0) {
+		snprintf(err, errlen, "redis: no sentinel");
+		goto fail;
+	}
+	free(list);
+	snprintf(rs->label, sizeof(rs->label), "master %.64s (sentinels %.200s)",
+		 master, sentinels);
+	if (!resolve(rs))
+		log_warn("redis %s: no sentinel resolves yet; the fast path is "
+			 "off until one does", rs->label);
+	return &rs->base;
+fail:
+	free(list);
+	if (rs != NULL) {
+		free(rs->master);
+		pthread_key_delete(rs->tl_key);
+		pthread_mutex_destroy(&rs->mu);
+		free(rs);
+	}
 	store_free(inner);
 	return NULL;
 }

@@ -86,6 +86,17 @@ struct event_base;
 struct store *store_redis_new(struct store *inner, const char *host,
 			      const char *port, int db, char *err, size_t errlen);
 
+/*
+ * The same with Redis Sentinel: sentinels is "host:port,..." (hostport.h's
+ * canonical list), master the name they monitor. Each connection asks
+ * them for the master before it connects, checks ROLE, and asks again
+ * after a failure or a READONLY answer (the master was demoted).
+ */
+struct store *store_redis_new_sentinel(struct store *inner,
+				       const char *sentinels,
+				       const char *master, int db, char *err,
+				       size_t errlen);
+
 /* The bound on a claim's Redis lookup (default STORE_REDIS_TIMEOUT_MS).
  * Takes effect for lookups started afterwards. */
 void store_redis_set_timeout(struct store *s, unsigned ms);

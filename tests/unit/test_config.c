@@ -353,6 +353,34 @@ static void test_addresses(void)
 		is_int(c->redis_db, 0, "redis default db");
 	}
 	config_unref(c);
+	c = parses(ARGS("--upstream", "http://u", "--redis",
+			"redis-sentinel://s1,10.0.0.2:26380,[::1]/mymaster/3",
+			"--store", "postgresql://db"), NOENV, "redis sentinel");
+	if (c) {
+		is_str(c->redis_hp.host, "s1:26379,10.0.0.2:26380,[::1]:26379",
+		       "sentinels: canonical list, default port 26379");
+		ok(c->redis_hp.port == NULL, "sentinels: no single port");
+		is_str(c->redis_master, "mymaster", "sentinel master name");
+		is_int(c->redis_db, 3, "sentinel db");
+	}
+	config_unref(c);
+	c = parses(ARGS("--upstream", "http://u", "--redis", "redis://cache",
+			"--store", "postgresql://db"), NOENV, "plain redis again");
+	ok(c != NULL && c->redis_master == NULL, "redis://: no master");
+	config_unref(c);
+	fails(ARGS("--upstream", "http://u", "--redis", "redis-sentinel://s1"),
+	      NOENV, "--redis: invalid URL", "sentinel without a master");
+	fails(ARGS("--upstream", "http://u", "--redis", "redis-sentinel:///m"),
+	      NOENV, "--redis: invalid URL", "no sentinel");
+	fails(ARGS("--upstream", "http://u", "--redis", "redis-sentinel://s1/m m"),
+	      NOENV, "--redis: invalid master name", "bad master name");
+	fails(ARGS("--upstream", "http://u", "--redis", "redis-sentinel://s1:0/m"),
+	      NOENV, "--redis: invalid port", "bad sentinel port");
+	fails(ARGS("--upstream", "http://u", "--redis",
+		   "redis-sentinel://a,b,c,d,e,f,g,h,i/m"),
+	      NOENV, "--redis: more than 8 sentinels", "too many sentinels");
+	fails(ARGS("--upstream", "http://u", "--redis", "redis-sentinel://s/m/x"),
+	      NOENV, "--redis: invalid database", "bad sentinel db");
 	fails(ARGS("--upstream", "http://u", "--redis", "rediss://c"), NOENV,
 	      "--redis: TLS", "rediss refused");
 	fails(ARGS("--upstream", "http://u", "--redis", "redis://c/x"), NOENV,

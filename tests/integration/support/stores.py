@@ -196,8 +196,9 @@ def resp_command(port, *args, timeout=5.0, host="127.0.0.1"):
 
 
 class RedisServer:
-    def __init__(self, bind="127.0.0.1"):
+    def __init__(self, bind="127.0.0.1", extra=()):
         self.bind = bind
+        self.extra = list(extra)
         self.dir = tempfile.mkdtemp(prefix="irds", dir="/tmp")
         self.log_path = os.path.join(self.dir, "redis.log")
         self.port = free_port()
@@ -214,7 +215,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [REDIS_BIN, "--port", str(self.port), "--bind", self.bind,
              "--save", "", "--appendonly", "no", "--daemonize", "no",
-             "--dir", self.dir],
+             "--dir", self.dir] + self.extra,
             stdout=self._log, stderr=subprocess.STDOUT, cwd=self.dir)
         deadline = time.monotonic() + timeout
         while True:
