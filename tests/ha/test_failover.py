@@ -149,7 +149,10 @@ def cluster():
     for binary in (PATRONI_BIN, ETCD_BIN):
         if not os.access(binary, os.X_OK):
             pytest.skip(f"{binary} not installed (deploy/install-deps.sh)")
-    c = Cluster(n=3, synchronous=True, strict=True)
+    # ttl 8 s (Patroni's rule: ttl >= loop_wait + 2 x retry_timeout) keeps
+    # the three failovers of the test within the README command's budget
+    c = Cluster(n=3, synchronous=True, strict=True, ttl=8, loop_wait=1,
+                retry_timeout=3)
     yield c
     c.stop()
 
@@ -173,7 +176,7 @@ def test_failovers_execute_each_key_once(cluster, tmp_path):
     load = Load(proxies)
     lags = {}
     try:
-        time.sleep(2)
+        time.sleep(1)
 
         # 1. the head of every host list, the leader, frozen past the ttl
         cluster.freeze(head)
@@ -211,7 +214,7 @@ def test_failovers_execute_each_key_once(cluster, tmp_path):
         lags["cancelled waits + kill -9"] = recovery(proxies, time.monotonic(),
                                                      "cancel")
         cluster.start_node(leader, wait=False)
-        time.sleep(2)
+        time.sleep(1)
     except BaseException:
         load.stop()
         for p in proxies:
