@@ -171,7 +171,9 @@ const char store_pg_claim_sql[] =
  * committed), no row when fenced. A completed row keeps its owner, which
  * is what makes the re-send recognisable. 'again' writes the row again
  * (its expiry unchanged), for the same reason as the claim's `own`: the
- * first commit may not have reached the synchronous standby.
+ * first commit may not have reached the synchronous standby. `a` looks
+ * only when `u` updated nothing (an InitPlan: no second index probe on the
+ * usual path).
  */
 const char store_pg_complete_sql[] =
 	"WITH u AS (\n"
@@ -184,6 +186,7 @@ const char store_pg_complete_sql[] =
 	"a AS (\n"
 	"  UPDATE idempotency_keys SET expires_at = expires_at\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'completed'\n"
+	"     AND NOT EXISTS (SELECT 1 FROM u)\n"
 	"  RETURNING 1)\n"
 	"SELECT 'completed'::text FROM u, pg_notify('idemproxy', $1 || ':' || $2)\n"
 	"UNION ALL\n"
