@@ -865,17 +865,38 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread)
 	return &s->base;
 }
 
+/* A blocking connection to the primary: each host of conninfo in turn
+ * (store_pg_hosts.h: read-write unless the string says otherwise), for
+ * the command line, where blocking is fine. */
+static PGconn *connect_primary(const char *conninfo, char *err, size_t errlen)
+{
+	struct pg_hosts h;
+	PGconn *pg = NULL;
+
+	if (pg_hosts_parse(&h, conninfo, err, errlen) < 0)
+		return NULL;
+	for (int i = 0; i < h.n; i++) {
+		pg = PQconnectdbParams(h.keywords, h.values[i], 0);
+		if (PQstatus(pg) == CONNECTION_OK)
+			break;
+		snprintf(err, errlen, "cannot connect: %s%s", h.n > 1 ?
+			 "no primary among the hosts; last: " : "",
+			 PQerrorMessage(pg));
+		PQfinish(pg);
+		pg = NULL;
+	}
+	pg_hosts_free(&h);
+	return pg;
+}
+
 int store_pg_migrate(const char *conninfo, char *err, size_t errlen)
 {
-	PGconn *pg = PQconnectdb(conninfo);
+	PGconn *pg = connect_primary(conninfo, err, errlen);
 	PGresult *r;
 	int rc = 0;
 
-	if (PQstatus(pg) != CONNECTION_OK) {
-		snprintf(err, errlen, "cannot connect: %s", PQerrorMessage(pg));
-		PQfinish(pg);
+	if (pg == NULL)
 		return -1;
-	}
 	r = PQexec(pg, store_pg_schema_sql);
 	if (PQresultStatus(r) != PGRES_TUPLES_OK &&
 	    PQresultStatus(r) != PGRES_COMMAND_OK) {

@@ -16,13 +16,15 @@ parts (tests/ha/ runs the real Patroni cluster):
 import concurrent.futures
 import os
 import socket
+import subprocess
 import threading
 import time
 
 import pytest
 
 from support.http import RawConn, assert_problem
-from support.procs import metric_value, readyz, wait_readyz
+from support.procs import (IDEMPROXY_BIN, clean_env, metric_value, readyz,
+                           wait_readyz)
 from support.stores import PG_BINDIR, PgServer
 
 
@@ -185,3 +187,16 @@ def test_cancelled_sync_wait_is_not_a_won_claim(make_proxy, stub,
     assert r.status == 200, (r, p.log())
     assert keyed_post(p.port, "sync-1").header("Idempotent-Replayed") == "true"
     assert stub.stats()["keys"].get("sync-1") == 1
+
+
+def test_migrate_finds_the_primary(pg_db, private_pg):
+    """`idemproxy migrate` with a host list whose first server is
+    read-only (a standby) creates the table on the writable one."""
+    private_pg.psql(f"create database {pg_db.name}")
+    set_read_only(private_pg, True)
+    url = (f"postgres://postgres@127.0.0.1:{private_pg.port},"
+           f"127.0.0.1:{pg_db.server.port}/{pg_db.name}")
+    r = subprocess.run([IDEMPROXY_BIN, "migrate", "--store", url],
+                       capture_output=True, timeout=60, env=clean_env())
+    assert r.returncode == 0, r
+    assert pg_db.table_exists()
