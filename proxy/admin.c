@@ -3,6 +3,7 @@
  */
 #include "admin.h"
 
+#include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +102,7 @@ static int bind_all(struct evhttp *http, const char *host, const char *port,
 {
 	struct addrs a;
 	char h[NI_MAXHOST], p[NI_MAXSERV];
+	int bound = 0;
 
 	snprintf(p, sizeof(p), "%s", port);
 	if (addrs_resolve(&a, host, port, 1, "--admin-listen", err,
@@ -113,16 +115,29 @@ static int bind_all(struct evhttp *http, const char *host, const char *port,
 
 		addrs_host((struct sockaddr *)&a.ss[i], a.len[i], h, sizeof(h));
 		b = evhttp_bind_socket_with_handle(http, h, (ev_uint16_t)atoi(p));
+		if (b == NULL && a.n > 1 &&
+		    (errno == EADDRNOTAVAIL || errno == EAFNOSUPPORT)) {
+			/* an address this host cannot have: IPv6 off */
+			log_warn("--admin-listen %s: %s; not listening there", h,
+				 strerror(errno));
+			continue;
+		}
 		if (b == NULL) {
 			snprintf(err, errlen, "--admin-listen %s:%s: cannot "
-				 "listen on %s", host, p, h);
+				 "listen on %s: %s", host, p, h, strerror(errno));
 			return -1;
 		}
+		bound++;
 		if (strcmp(p, "0") == 0 &&
 		    getsockname(evhttp_bound_socket_get_fd(b),
 				(struct sockaddr *)&ss, &len) == 0)
 			getnameinfo((struct sockaddr *)&ss, len, NULL, 0, p,
 				    sizeof(p), NI_NUMERICSERV);
+	}
+	if (bound == 0) {
+		snprintf(err, errlen, "--admin-listen %s:%s: no address of it "
+			 "can be bound here", host, p);
+		return -1;
 	}
 	return 0;
 }

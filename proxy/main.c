@@ -90,24 +90,57 @@ static void set_port(struct sockaddr_storage *ss, const char *port)
 		((struct sockaddr_in *)ss)->sin_port = p;
 }
 
+/* An address this host cannot have: IPv6 disabled, ::1 not on lo. */
+static bool unavailable(int e)
+{
+	return e == EADDRNOTAVAIL || e == EAFNOSUPPORT;
+}
+
+/* One listening socket on ss (port already set); -1 with errno. */
+static evutil_socket_t listen_on(const struct sockaddr_storage *ss,
+				 socklen_t sslen, bool v6only)
+{
+	evutil_socket_t fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int one = 1, e;
+
+	if (fd < 0)
+		return -1;
+	/* [::] alone takes IPv4 too; beside 0.0.0.0 it must not */
+	if ((v6only && ss->ss_family == AF_INET6 &&
+	     setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) < 0) ||
+	    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0 ||
+	    bind(fd, (const struct sockaddr *)ss, sslen) < 0 ||
+	    listen(fd, LISTEN_BACKLOG) < 0 ||
+	    evutil_make_socket_nonblocking(fd) < 0) {
+		e = errno;
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	return fd;
+}
+
 /*
  * Open a listening socket on every address of --listen (a name such as
  * "localhost" may have ::1 and 127.0.0.1, and clients use either) into
  * fds. With *port "0" the kernel picks for the first address, and *port is
  * rewritten so that the others, and the other workers, share it. probe:
- * check first that nobody else holds the port (the first worker). Returns
- * the number of sockets, or -1 with err set (none left open).
+ * check first that nobody else holds the port (the first worker). An
+ * address this host cannot have (IPv6 off) is skipped with a warning
+ * while another one binds. Returns the number of sockets, or -1 with err
+ * set (none left open).
  */
 static int open_listeners(const struct addrs *a, char *port, size_t portlen,
 			  bool probe, evutil_socket_t *fds, char *err,
 			  size_t errlen)
 {
 	char where[ADDRS_STRLEN];
-	int n = 0, one = 1;
+	int n = 0, skipped = 0;
 
-	for (; n < a->n; n++) {
-		struct sockaddr_storage ss = a->ss[n];
-		socklen_t sslen = a->len[n];
+	for (int i = 0; i < a->n; i++) {
+		struct sockaddr_storage ss = a->ss[i];
+		socklen_t sslen = a->len[i];
 		evutil_socket_t fd;
 
 		set_port(&ss, port);
@@ -117,29 +150,26 @@ static int open_listeners(const struct addrs *a, char *port, size_t portlen,
 			errno = EADDRINUSE;
 			goto fail;
 		}
-		fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		fd = listen_on(&ss, sslen, a->n > 1);
+		if (fd < 0 && unavailable(errno) && a->n > 1) {
+			if (probe)
+				log_warn("--listen %s: %s; not listening there",
+					 where, strerror(errno));
+			skipped++;
+			continue;
+		}
 		if (fd < 0)
 			goto fail;
-		fds[n] = fd;
-		/* [::] alone takes IPv4 too; beside 0.0.0.0 it must not */
-		if (ss.ss_family == AF_INET6 && a->n > 1 &&
-		    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) < 0)
-			goto fail_fd;
-		if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
-		    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0 ||
-		    bind(fd, (struct sockaddr *)&ss, sslen) < 0 ||
-		    listen(fd, LISTEN_BACKLOG) < 0 ||
-		    evutil_make_socket_nonblocking(fd) < 0)
-			goto fail_fd;
+		fds[n++] = fd;
 		sslen = sizeof(ss);
 		if (strcmp(port, "0") == 0 &&
 		    getsockname(fd, (struct sockaddr *)&ss, &sslen) == 0)
 			getnameinfo((struct sockaddr *)&ss, sslen, NULL, 0, port,
 				    (socklen_t)portlen, NI_NUMERICSERV);
 	}
-	return n;
-fail_fd:
-	n++;	/* fds[n] is open too */
+	if (n > 0)
+		return n;
+	errno = EADDRNOTAVAIL;
 fail:
 	snprintf(err, errlen, "--listen %s: %s", where, strerror(errno));
 	while (n-- > 0)

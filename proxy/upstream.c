@@ -805,9 +805,15 @@ static int up_dial(struct upstream *u)
 	if (bufferevent_socket_connect(u->bev,
 			(const struct sockaddr *)&a->ss[u->addr],
 			(int)a->len[u->addr]) < 0) {
-		/* Reported through event_cb on the next loop turn for most
-		 * errors; a hard failure here is fd exhaustion. */
-		log_warn("upstream: cannot connect: %s", strerror(errno));
+		/* Refused is reported through event_cb on the next loop turn;
+		 * this is no socket (fd exhaustion) or an address this host
+		 * cannot reach at all (no route, no IPv6). The bufferevent
+		 * keeps no socket: it can be connected again. */
+		char addr[ADDRS_STRLEN];
+
+		log_warn("upstream %s:%s: cannot connect to %s: %s",
+			 p->target.host, p->target.port,
+			 up_addr_str(u, addr, sizeof(addr)), strerror(errno));
 		return -1;
 	}
 	if (p->target.tls != NULL)
@@ -846,14 +852,16 @@ static bool up_try_next(struct upstream *u, const char *why)
 		return false;
 	}
 	up_addr_str(u, was, sizeof(was));
-	u->addr = (u->addr + 1) % p->target.addrs.n;
 	event_del(u->next_addr);
-	if (up_dial(u) < 0) {
-		bufferevent_free(u->bev);
-		u->bev = old;
-		u->addr = old_addr;
-		return false;
-	}
+	do {
+		if (u->tried >= p->target.addrs.n) {
+			bufferevent_free(u->bev);
+			u->bev = old;
+			u->addr = old_addr;
+			return false;
+		}
+		u->addr = (u->addr + 1) % p->target.addrs.n;
+	} while (up_dial(u) < 0);
 	log_warn("upstream %s:%s: connect to %s failed: %s; trying %s",
 		 p->target.host, p->target.port, was, why,
 		 up_addr_str(u, next, sizeof(next)));
@@ -870,8 +878,10 @@ static void next_addr_cb(evutil_socket_t fd, short what, void *arg)
 	struct upstream *u = arg;
 	char why[64];
 
-	if (u->dead || u->state != UP_ST_CONNECTING || tcp_connected(u))
-		return;		/* connected: a TLS handshake, timed as one */
+	if (u->dead || u->state != UP_ST_CONNECTING || tcp_connected(u) ||
+	    u->tried >= u->pool->target.addrs.n)
+		return;		/* connected (a TLS handshake, timed as one), or
+				 * the last address: its own timeout */
 	snprintf(why, sizeof(why), "no answer within %d ms", UP_ADDR_CONNECT_MS);
 	if (!up_try_next(u, why))
 		up_fail(u, UPSTREAM_ERROR_CONNECT);
@@ -897,10 +907,14 @@ static struct upstream *up_connect(struct upstream_pool *p, uint64_t timeout_ms)
 	if (u->bev == NULL)
 		goto fail;
 	h1_head_init(&u->head, UP_MAX_HEAD);
-	if (up_dial(u) < 0) {
-		bufferevent_free(u->bev);
-		up_free(u);
-		return NULL;
+	while (up_dial(u) < 0) {
+		if (u->tried >= p->target.addrs.n) {
+			bufferevent_free(u->bev);
+			up_free(u);
+			re_resolve(p);
+			return NULL;
+		}
+		u->addr = (u->addr + 1) % p->target.addrs.n;
 	}
 	return u;
 fail:

@@ -166,31 +166,34 @@ const char store_pg_claim_sql[] =
 
 /*
  * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
- * stored), $7 ttl ms. 'completed' (and a NOTIFY), 'again' when this owner
- * had completed it already (a re-sent completion whose first attempt
- * committed), no row when fenced. A completed row keeps its owner, which
- * is what makes the re-send recognisable. 'again' writes the row again
- * (its expiry unchanged), for the same reason as the claim's `own`: the
- * first commit may not have reached the synchronous standby. `a` looks
- * only when `u` updated nothing (an InitPlan: no second index probe on the
- * usual path).
+ * stored), $7 ttl ms. One row ('completed', and a NOTIFY) when this owner
+ * holds the key: in flight (the response is stored) or completed already
+ * (a re-sent completion whose first attempt committed: the row is written
+ * again, unchanged); no row when fenced. A completed row keeps its owner,
+ * which is what makes the re-send recognisable.
+ *
+ * One UPDATE for both, never a read: the first attempt's commit may not
+ * have reached the synchronous standby (a cancelled wait, a connection cut
+ * during it), and only a commit of our own that waits for the standby,
+ * later in the WAL, vouches for it. And when the first attempt still holds
+ * the row (its backend waits for the standby), this UPDATE waits for it
+ * and then re-checks the row as it is now - completed - instead of
+ * reporting fenced.
  */
 const char store_pg_complete_sql[] =
 	"WITH u AS (\n"
 	"  UPDATE idempotency_keys\n"
-	"     SET state = 'completed', status = $4, headers = $5, body = $6,\n"
-	"         lease_until = NULL,\n"
-	"         expires_at = now() + $7 * interval '1 millisecond'\n"
-	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
-	"  RETURNING 1),\n"
-	"a AS (\n"
-	"  UPDATE idempotency_keys SET expires_at = expires_at\n"
-	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'completed'\n"
-	"     AND NOT EXISTS (SELECT 1 FROM u)\n"
+	"     SET status = CASE WHEN state = 'in_flight' THEN $4 ELSE status END,\n"
+	"         headers = CASE WHEN state = 'in_flight' THEN $5 ELSE headers END,\n"
+	"         body = CASE WHEN state = 'in_flight' THEN $6 ELSE body END,\n"
+	"         expires_at = CASE WHEN state = 'in_flight'\n"
+	"                      THEN now() + $7 * interval '1 millisecond'\n"
+	"                      ELSE expires_at END,\n"
+	"         state = 'completed', lease_until = NULL\n"
+	"   WHERE scope = $1 AND key = $2 AND owner = $3\n"
+	"     AND state IN ('in_flight', 'completed')\n"
 	"  RETURNING 1)\n"
-	"SELECT 'completed'::text FROM u, pg_notify('idemproxy', $1 || ':' || $2)\n"
-	"UNION ALL\n"
-	"SELECT 'again' FROM a";
+	"SELECT 'completed'::text FROM u, pg_notify('idemproxy', $1 || ':' || $2)";
 
 static const char release_sql[] =
 	"WITH d AS (\n"
@@ -859,7 +862,9 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread)
 		free(s);
 		return NULL;
 	}
-	atomic_init(&s->primary, 0);
+	atomic_init(&s->primary, -1);
+	for (int i = 0; i < PG_HOSTS_MAX; i++)
+		atomic_init(&s->failed[i], false);
 	pthread_mutex_init(&s->mu, NULL);
 	atomic_init(&s->up, 0);
 	return &s->base;

@@ -95,7 +95,8 @@ int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
 		snprintf(err, errlen, "--store: more than %d hosts", PG_HOSTS_MAX);
 		goto fail;
 	}
-	if ((nh > 1 && na > 1 && nh != na) || (np > 1 && np != n)) {
+	if ((host != NULL && hostaddr != NULL && nh != na) ||
+	    (np > 1 && np != n)) {
 		snprintf(err, errlen, "--store: %d hosts, %d host addresses and "
 			 "%d ports do not match", nh, na, np);
 		goto fail;

@@ -295,6 +295,8 @@ static void conn_fail(struct pg_conn *c, const char *why)
 		log_warn("postgres store: %s%s%s", why, c->pg != NULL ? ": " : "",
 			 c->pg != NULL ? PQerrorMessage(c->pg) : "");
 	metrics_store_error(STORE_KIND_POSTGRES);
+	if (c->pg != NULL && s->hosts.probe)
+		atomic_store(&s->failed[c->host], true);
 	if (c->io != NULL) {
 		event_free(c->io);
 		c->io = NULL;
@@ -464,6 +466,7 @@ static void probe_failed(struct pg_probe *p, const char *why)
 		p->why[--n] = '\0';
 	log_debug("postgres store: %s: %s",
 		  p->c->local->s->hosts.label[p->host], p->why);
+	atomic_store(&p->c->local->s->failed[p->host], true);
 	probe_stop(p);
 	p->next_at = clock_ms() + PG_REPROBE_MS;
 }
@@ -493,11 +496,18 @@ static void probe_launch(struct pg_probe *p)
 	probe_arm(p, EV_WRITE);
 }
 
-/* p reached a server that accepts writes: it is c's connection now. */
+/*
+ * p reached a server that accepts writes: it is c's connection now. It
+ * becomes the store's primary - and connections elsewhere are dropped -
+ * only when the primary known so far has failed since it last came up:
+ * two hosts that both take writes (two poolers in front of one primary)
+ * must not chase each other's connections away.
+ */
 static void probe_won(struct pg_conn *c, struct pg_probe *p)
 {
 	struct pg_store *s = c->local->s;
 	struct timeval tv = clock_tv(PG_CONNECT_TIMEOUT_MS);
+	int was = atomic_load(&s->primary);
 
 	c->pg = p->pg;
 	c->host = p->host;
@@ -505,7 +515,10 @@ static void probe_won(struct pg_conn *c, struct pg_probe *p)
 	probes_stop(c);
 	evtimer_del(c->timer);
 	evtimer_add(c->timer, &tv);	/* the setup's deadline */
-	if (atomic_exchange(&s->primary, c->host) != c->host)
+	atomic_store(&s->failed[c->host], false);
+	if (was != c->host &&
+	    (was < 0 || atomic_load(&s->failed[was])) &&
+	    atomic_compare_exchange_strong(&s->primary, &was, c->host))
 		log_info("postgres store: the primary is %s", s->hosts.label[c->host]);
 	run_setup(c);
 }
@@ -609,14 +622,15 @@ static void conn_start(struct pg_conn *c)
 	}
 }
 
-/* Is c on a host other than the one the store's writes went to last? */
+/* Is c on a host other than the primary, one that failed since it last
+ * came up (the old primary: frozen, demoted, gone)? */
 static bool stale(const struct pg_conn *c)
 {
 	const struct pg_store *s = c->local->s;
+	int primary = atomic_load_explicit(&s->primary, memory_order_relaxed);
 
-	return s->hosts.probe && c->pg != NULL &&
-	       c->host != atomic_load_explicit(&s->primary,
-					       memory_order_relaxed);
+	return s->hosts.probe && c->pg != NULL && primary >= 0 &&
+	       c->host != primary && atomic_load(&s->failed[c->host]);
 }
 
 /*

@@ -149,7 +149,10 @@ struct pg_store {
 	struct store base;
 	char *conninfo;
 	struct pg_hosts hosts;		/* conninfo, by host */
-	atomic_int primary;		/* hosts index: where writes went last */
+	atomic_int primary;		/* hosts index: where writes went last;
+					 * -1: not known yet */
+	atomic_bool failed[PG_HOSTS_MAX];	/* a connection to this host
+					 * failed since one last came up */
 	char *setup_sql;		/* schema + PREPAREs */
 	int conns_per_thread;
 	atomic_int up;			/* connections up, all threads */
