@@ -559,7 +559,11 @@ static void on_sentinel_connect(const redisAsyncContext *cac, int status)
 	if (rc == NULL)
 		return;
 	if (status != REDIS_OK) {
-		rc->sac = NULL;		/* hiredis frees it when we return */
+		/* hiredis frees it when we return, running the pending
+		 * question's callback and the disconnect callback: neither
+		 * may act again */
+		((redisAsyncContext *)cac)->data = NULL;
+		rc->sac = NULL;
 		sentinel_failed(rc, cac->errstr[0] != '\0' ? cac->errstr :
 					"cannot connect");
 	}
@@ -571,7 +575,8 @@ static void on_sentinel_disconnect(const redisAsyncContext *cac, int status)
 
 	(void)status;
 	if (rc == NULL)
-		return;		/* we closed it */
+		return;		/* we closed it, or its question was answered */
+	((redisAsyncContext *)cac)->data = NULL;
 	rc->sac = NULL;
 	sentinel_failed(rc, "the sentinel closed the connection");
 }

@@ -100,8 +100,11 @@ def copies(server):
 def test_sentinel_failover_is_followed(make_proxy, stub, pg_db,
                                        sentinel_setup):
     master, replica, sentinel = sentinel_setup
+    # a dead sentinel first: the next one is asked
+    dead = free_port()
     p = make_proxy("--store", pg_db.url, "--response-cache", "0", "--redis",
-                   f"redis-sentinel://127.0.0.1:{sentinel.port}/m")
+                   f"redis-sentinel://127.0.0.1:{dead},127.0.0.1:"
+                   f"{sentinel.port}/m")
     first = keyed_post(p.port, "before")
     assert first.status == 200, first
     wait_for(lambda: any("before" in k for k in copies(master)), 10,
