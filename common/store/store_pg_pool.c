@@ -575,8 +575,6 @@ static void probe_tick(struct pg_conn *c)
 			probe_failed(p, "no answer in time");
 		else if (p->pg == NULL && now >= p->next_at)
 			probe_launch(p);
-		if (!c->probing)
-			return;		/* one won (a synchronous connect) */
 	}
 	evtimer_add(c->timer, &tick);
 }
@@ -590,13 +588,13 @@ static void probes_start(struct pg_conn *c)
 	c->state = PGC_CONNECTING;
 	c->probing = true;
 	c->probe_deadline = clock_ms() + PG_CONNECT_TIMEOUT_MS;
-	for (int i = 0; i < h->n && c->probing; i++) {
+	/* a probe wins only in probe_cb, never while being launched */
+	for (int i = 0; i < h->n; i++) {
 		c->probes[i].why[0] = '\0';
 		c->probes[i].next_at = 0;
 		probe_launch(&c->probes[i]);
 	}
-	if (c->probing)
-		evtimer_add(c->timer, &tick);
+	evtimer_add(c->timer, &tick);
 }
 
 static void conn_start(struct pg_conn *c)
@@ -931,6 +929,8 @@ static void send_batch(struct pg_conn *c)
  */
 static void drop_stale(struct pg_local *l)
 {
+	if (!l->s->hosts.probe)
+		return;		/* one host: nothing to be stale against */
 	for (int i = 0; i < l->nconns; i++)
 		if (l->conns[i].state != PGC_DOWN && stale(&l->conns[i]))
 			conn_fail(&l->conns[i], "the primary moved");
