@@ -115,7 +115,8 @@ struct store_result {
 	/* inspect and purge: the record (purge: as it was) */
 	struct store_record rec;
 	/* STORE_COMPLETED: how long the record still lives (0: unknown), so
-	 * that a cache in front can keep it no longer */
+	 * that a cache in front can keep it no longer; purge: how long the
+	 * purged record would still have lived */
 	uint64_t ttl_left_ms;
 };
 

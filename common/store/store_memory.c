@@ -654,6 +654,7 @@ static struct store_op *mem_purge(struct store *s, struct event_base *base,
 	pp = find_live(m, k, now);
 	if (pp != NULL) {
 		describe(*pp, now, &o->res.rec);
+		o->res.ttl_left_ms = (*pp)->expires_at - now;
 		remove_entry(m, pp);
 		st = STORE_OK;
 	}

@@ -236,9 +236,11 @@ static const char purge_sql[] =
 	"WITH d AS (\n"
 	"  DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2\n"
 	"  RETURNING state, expires_at > now() AS live, fingerprint, status,\n"
-	"            owner)\n"
+	"            owner, (extract(epoch FROM expires_at - now()) * 1000)\n"
+	"                   ::bigint AS left_ms)\n"
 	"SELECT (SELECT state FROM d WHERE live), (SELECT fingerprint FROM d),\n"
-	"       (SELECT owner FROM d), (SELECT status FROM d)\n"
+	"       (SELECT owner FROM d), (SELECT status FROM d),\n"
+	"       (SELECT left_ms FROM d)\n"
 	"  FROM pg_notify('idemproxy', $1 || ':' || $2) AS wake,\n"
 	"       pg_notify('idemproxy', 'purge:' || $1 || ':' || $2) AS forget";
 
@@ -487,6 +489,8 @@ static void purge_result(struct pg_op *o, const PGresult *r)
 		get_text(r, 0, 2, rec->owner, sizeof(rec->owner));
 	if (!PQgetisnull(r, 0, 3))
 		rec->status = get_int4(r, 0, 3);
+	if (!PQgetisnull(r, 0, 4) && get_ms(r, 0, 4) > 0)
+		o->res.ttl_left_ms = (uint64_t)get_ms(r, 0, 4);
 	pg_op_finish(o, STORE_OK);
 }
 

@@ -1,6 +1,6 @@
 /*
  * store_redis.c - the Redis fast path layered over another store (see
- * store_redis.h).
+ * store_redis.h; its connections are store_redis_conn.c's).
  *
  *   claim ──▶ connection of this base up? ──no──▶ inner claim (its handle)
  *                    │yes
@@ -8,14 +8,22 @@
  *             GET idemproxy:<scope>:<key>  + timer (50 ms)
  *                    │
  *     ┌──────────────┼─────────────────────────┬──────────────────┐
- *   value, same fp  value, other fp      nil / error / NULL    timer first
- *   COMPLETED       MISMATCH             inner claim           drop the
- *   (delivered next loop turn)           (result passed         connection,
- *                                         through)             inner claim
+ *   value of this   value of this epoch,  nil / tombstone /    timer first
+ *   epoch, same fp  other fp              error / NULL /       drop the
+ *   COMPLETED       MISMATCH              other epoch          connection,
+ *   (delivered next loop turn)            inner claim (result  inner claim
+ *                                         passed through)
  *
- *   complete ──▶ inner complete ──OK──▶ SET key value PX ttl NX (no reply
- *                                        awaited)
- *   purge    ──▶ inner purge ──▶ the old value, and a tombstone in its place
+ *   complete ──▶ inner complete ──OK──▶ PUT_LUA (no reply awaited)
+ *   purge    ──▶ inner purge ──▶ PURGE_LUA: the old value, and a tombstone
+ *                                in its place
+ *
+ * A copy is written by a script that the server runs against its own
+ * clock: the copy's absolute expiry is never later than its record's, a
+ * tombstone younger than the moment the record was learned refuses it, and
+ * a copy of the current epoch already there stays (NX). So a write however
+ * late - a stalled process, a slow network - can neither outlive the
+ * record nor bring a purged response back.
  *
  * One connection per (store, event_base), found through a thread-specific
  * list, so operations never take a lock. A GET's reply callback gets a
@@ -27,122 +35,32 @@
  * other pending callbacks with NULL, so they fall back too) and reconnects
  * after the back-off: that bounds what can pile up behind a stuck Redis and
  * notices a dead peer that never sent a reset. The back-off is reset only by
- * a good reply to a GET or SET, so a Redis that accepts connections but
+ * a good reply to a GET or a write, so a Redis that accepts connections but
  * answers slowly is retried ever less often, up to every 5 s.
- *
- * Redis Sentinel (redis-sentinel://S1,S2/MASTER): before each connect the
- * connection asks the sentinels, one after the other, for the master's
- * address (SENTINEL get-master-addr-by-name), connects there and checks
- * with ROLE that it is a master before SELECT; a write answered READONLY
- * (the master was demoted: a failover) drops the connection, and the next
- * connect asks again. Redis stays a cache in front of the authority: a
- * master promoted without the last writes only costs misses.
  */
 #include "store_redis.h"
 
-#include <limits.h>
-#include <netdb.h>
-#include <pthread.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/queue.h>
-#include <sys/socket.h>
-#include <time.h>
 
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
 #include <hiredis/async.h>
-#include <hiredis/adapters/libevent.h>
 
-#include "addrs.h"
 #include "clock.h"
-#include "hostport.h"
 #include "log.h"
 #include "metrics.h"
-
-#define BACKOFF_MIN_MS 100
-#define BACKOFF_MAX_MS 5000
-#define MAX_PENDING 4096	/* commands awaiting replies, per connection */
-#define KEY_PREFIX "idemproxy:"
-/*
- * A purge leaves this in place of the copy for TOMBSTONE_MS, and every
- * copy is written with NX: a read-through or write-through that learned
- * the record before the purge (its reply or statement was under way) and
- * arrives after it cannot put the purged response back. Claims read it as
- * a miss. Longer than any store operation lives (5 s).
- */
-#define TOMBSTONE "idemproxy:purged"
-#define TOMBSTONE_MS 10000
-/* The old value (to say whether a copy was there), then the tombstone. */
-#define PURGE_LUA "local v = redis.call('GET', KEYS[1]) " \
-		  "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return v"
-#define KEY_MAX (sizeof(KEY_PREFIX) + STORE_SCOPE_LEN + 1 + IDEMKEY_MAX + 1)
-
-enum rconn_state {
-	RC_DOWN,		/* no connection; the retry timer may be armed */
-	RC_ASKING,		/* sentinel mode: asking a sentinel for the master */
-	RC_CONNECTING,		/* TCP connect in progress */
-	RC_SELECTING,		/* connected, SELECT db sent */
-	RC_UP,			/* usable for lookups and write-through */
-};
-
-struct redis_store;
+#include "store_redis_priv.h"
 
 /* Which operation a handle of ours is. */
 enum redis_op_kind {
 	OP_CLAIM,		/* struct redis_claim */
 	OP_COMPLETE,		/* struct redis_complete */
 	OP_ADMIN,		/* struct redis_admin: inspect or purge */
-};
-
-/* One Redis connection, used by one event_base (one thread). */
-struct rconn {
-	struct redis_store *rs;
-	struct event_base *base;
-	enum rconn_state state;
-	redisAsyncContext *ac;		/* NULL when RC_DOWN */
-	struct event *retry;		/* reconnect timer */
-	unsigned backoff_ms;		/* the next retry's delay */
-	unsigned pending;		/* GETs and SETs awaiting replies */
-	bool failing;			/* an outage was logged */
-	int addr;			/* rs->addrs[addr]: connecting to */
-	int tried;			/* addresses refused in a row */
-	redisAsyncContext *sac;		/* RC_ASKING: the sentinel asked */
-	int sentinel;			/* rs->sentinels[sentinel]: asked next */
-	int asked;			/* sentinels that failed in a row */
-	bool have_master;		/* master_addr is the answer to use */
-	char master_addr[64];		/* what a sentinel said */
-	int master_port;
-	bool closing;			/* rc_free(): no new work for anyone */
-	LIST_ENTRY(rconn) link;		/* rs->conns, under rs->mu */
-	struct rconn *tl_next;		/* the creating thread's list */
-};
-
-struct redis_store {
-	struct store base;
-	struct store *inner;
-	char host[256];			/* as configured */
-	char label[320];		/* for the log: host:port, or the master */
-	char addrs[ADDRS_MAX][64];	/* numeric, IPv4 first, once resolved */
-	int naddrs;
-	atomic_int cur;			/* the one that connected last */
-	atomic_bool resolved;
-	int port;
-	int db;
-	char *master;			/* sentinel mode: the master's name */
-	int nsentinels;
-	struct {
-		char host[256];		/* as configured */
-		int port;
-		char addr[64];		/* numeric, once resolved */
-	} sentinels[HOSTPORT_SENTINELS_MAX];
-	atomic_uint timeout_ms;
-	pthread_key_t tl_key;		/* this thread's struct rconn list */
-	pthread_mutex_t mu;		/* conns */
-	LIST_HEAD(, rconn) conns;
 };
 
 enum claim_state {
@@ -243,7 +161,7 @@ static uint32_t get32(const unsigned char *p)
 	       (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
-char *store_redis_encode(const uint8_t fp[FP_LEN],
+char *store_redis_encode(const uint8_t fp[FP_LEN], const char *epoch,
 			 const struct stored_response *resp, size_t *len)
 {
 	unsigned char *buf, *p;
@@ -251,6 +169,7 @@ char *store_redis_encode(const uint8_t fp[FP_LEN],
 
 	if (resp->head_len > UINT32_MAX || resp->body_len > UINT32_MAX ||
 	    resp->status < 0 || resp->status > 0xffff ||
+	    strlen(epoch) != STORE_REDIS_EPOCH_LEN ||
 	    resp->head_len + resp->body_len > SIZE_MAX - STORE_REDIS_HDR_LEN)
 		return NULL;
 	n = STORE_REDIS_HDR_LEN + resp->head_len + resp->body_len;
@@ -260,6 +179,8 @@ char *store_redis_encode(const uint8_t fp[FP_LEN],
 	p = buf;
 	memcpy(p, STORE_REDIS_MAGIC, 4);
 	p += 4;
+	memcpy(p, epoch, STORE_REDIS_EPOCH_LEN);
+	p += STORE_REDIS_EPOCH_LEN;
 	memcpy(p, fp, FP_LEN);
 	p += FP_LEN;
 	*p++ = (unsigned char)(resp->status >> 8);
@@ -279,481 +200,61 @@ char *store_redis_encode(const uint8_t fp[FP_LEN],
 }
 
 struct stored_response *store_redis_decode(const char *buf, size_t len,
-					   uint8_t fp[FP_LEN])
+					   uint8_t fp[FP_LEN],
+					   char epoch[STORE_REDIS_EPOCH_LEN + 1])
 {
 	const unsigned char *p = (const unsigned char *)buf;
+	const size_t at = 4 + STORE_REDIS_EPOCH_LEN + FP_LEN;	/* status */
 	size_t head_len, body_len;
 	int status;
 	bool body_stored;
 
 	if (len < STORE_REDIS_HDR_LEN || memcmp(p, STORE_REDIS_MAGIC, 4) != 0)
 		return NULL;
-	status = p[36] << 8 | p[37];
-	if (status < 100 || status > 999 || p[38] > 1)
+	status = p[at] << 8 | p[at + 1];
+	if (status < 100 || status > 999 || p[at + 2] > 1)
 		return NULL;
-	body_stored = p[38] == 1;
-	head_len = get32(p + 39);
+	body_stored = p[at + 2] == 1;
+	head_len = get32(p + at + 3);
 	if (head_len > len - STORE_REDIS_HDR_LEN)
 		return NULL;
-	body_len = get32(p + 43 + head_len);
+	body_len = get32(p + at + 7 + head_len);
 	if (body_len != len - STORE_REDIS_HDR_LEN - head_len)
 		return NULL;
-	memcpy(fp, p + 4, FP_LEN);
-	return stored_response_new(status, buf + 43, head_len,
-				   buf + 47 + head_len, body_len, body_stored);
+	memcpy(epoch, p + 4, STORE_REDIS_EPOCH_LEN);
+	epoch[STORE_REDIS_EPOCH_LEN] = '\0';
+	memcpy(fp, p + 4 + STORE_REDIS_EPOCH_LEN, FP_LEN);
+	return stored_response_new(status, buf + at + 7, head_len,
+				   buf + at + 11 + head_len, body_len,
+				   body_stored);
+}
+
+/* A copy this connection may serve: well formed and of its epoch. */
+static struct stored_response *decode_current(const struct rconn *rc,
+					      const redisReply *reply,
+					      uint8_t fp[FP_LEN])
+{
+	char epoch[STORE_REDIS_EPOCH_LEN + 1];
+	struct stored_response *resp;
+
+	resp = store_redis_decode(reply->str, reply->len, fp, epoch);
+	if (resp != NULL && (rc == NULL || strcmp(epoch, rc->epoch) != 0)) {
+		stored_response_unref(resp);
+		return NULL;	/* written before a failover or a restart */
+	}
+	return resp;
 }
 
 static bool is_tombstone(const redisReply *r)
 {
 	return r->type == REDIS_REPLY_STRING &&
-	       r->len == sizeof(TOMBSTONE) - 1 &&
+	       r->len >= sizeof(TOMBSTONE) - 1 &&
 	       memcmp(r->str, TOMBSTONE, sizeof(TOMBSTONE) - 1) == 0;
 }
 
 static int make_key(const struct store_key *k, char buf[KEY_MAX])
 {
 	return snprintf(buf, KEY_MAX, KEY_PREFIX "%s:%s", k->scope, k->key);
-}
-
-/* ---- connections ---- */
-
-static void rc_connect(struct rconn *rc);
-
-static void retry_cb(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	rc_connect(arg);
-}
-
-/* The connection is gone (or never came): count, log once per outage,
- * reconnect after the back-off. */
-static void rc_failed(struct rconn *rc, const char *why)
-{
-	struct redis_store *rs = rc->rs;
-	struct timeval tv = clock_tv(rc->backoff_ms);
-
-	metrics_store_error(STORE_KIND_REDIS);
-	if (!rc->failing)
-		log_warn("redis %s: %s; claims go to the store until it is back",
-			 rs->label, why);
-	else
-		log_debug("redis %s: %s", rs->label, why);
-	rc->failing = true;
-	rc->state = RC_DOWN;
-	rc->ac = NULL;
-	rc->pending = 0;
-	evtimer_add(rc->retry, &tv);
-	rc->backoff_ms = rc->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS
-							       : rc->backoff_ms * 2;
-}
-
-/*
- * Close rc's connection ourselves: every pending reply callback runs with
- * NULL (at once, or when the callback we are in returns), and no
- * connect/disconnect callback acts on it (ac->data is cleared first). why:
- * reconnect after the back-off, counted and logged; NULL: for good.
- */
-static void rc_drop(struct rconn *rc, const char *why)
-{
-	redisAsyncContext *ac = rc->ac;
-
-	if (ac == NULL)
-		return;
-	rc->ac = NULL;
-	rc->state = RC_DOWN;
-	rc->pending = 0;
-	ac->data = NULL;
-	redisAsyncFree(ac);
-	if (why != NULL)
-		rc_failed(rc, why);
-}
-
-static void on_select(redisAsyncContext *ac, void *r, void *priv)
-{
-	struct rconn *rc = ac->data;
-	redisReply *reply = r;
-
-	(void)priv;
-
-	if (rc == NULL || reply == NULL)
-		return;		/* dropped: the disconnect callback acts */
-	if (reply->type == REDIS_REPLY_ERROR) {
-		char why[160];
-
-		snprintf(why, sizeof(why), "SELECT %d: %.100s", rc->rs->db,
-			 reply->str);
-		rc_drop(rc, why);
-		return;
-	}
-	if (rc->failing)
-		log_info("redis %s: connected", rc->rs->label);
-	rc->failing = false;
-	rc->state = RC_UP;
-}
-
-/* A connect to rs->addrs[rc->addr] failed: when the name has an address
- * not tried in this round, try it at once; else the usual back-off. */
-static void rc_connect_failed(struct rconn *rc, const char *why)
-{
-	struct redis_store *rs = rc->rs;
-
-	if (++rc->tried < rs->naddrs) {
-		struct timeval now = { 0, 0 };
-		int next = (rc->addr + 1) % rs->naddrs;
-
-		log_info("redis %s: %s: %s; trying %s", rs->label,
-			 rs->addrs[rc->addr], why, rs->addrs[next]);
-		rc->addr = next;
-		rc->state = RC_DOWN;
-		evtimer_add(rc->retry, &now);
-		return;
-	}
-	rc->tried = 0;
-	rc_failed(rc, why);
-}
-
-static void send_select(struct rconn *rc)
-{
-	if (redisAsyncCommand(rc->ac, on_select, NULL, "SELECT %d",
-			      rc->rs->db) != REDIS_OK)
-		rc->state = RC_CONNECTING;	/* disconnecting: callback follows */
-}
-
-/* Sentinel mode: is the server a sentinel named really the master? (Its
- * view may lag a failover.) */
-static void on_role(redisAsyncContext *ac, void *r, void *priv)
-{
-	struct rconn *rc = ac->data;
-	redisReply *reply = r;
-	char why[160];
-
-	(void)priv;
-	if (rc == NULL || reply == NULL)
-		return;		/* dropped: the disconnect callback acts */
-	if (reply->type == REDIS_REPLY_ARRAY && reply->elements > 0 &&
-	    reply->element[0]->type == REDIS_REPLY_STRING &&
-	    strcmp(reply->element[0]->str, "master") == 0) {
-		send_select(rc);
-		return;
-	}
-	snprintf(why, sizeof(why), "%s:%d is not the master (a sentinel's "
-		 "view lagged a failover)", rc->master_addr, rc->master_port);
-	rc_drop(rc, why);
-}
-
-static void on_connect(const redisAsyncContext *cac, int status)
-{
-	struct rconn *rc = cac->data;
-
-	if (rc == NULL)
-		return;
-	if (status != REDIS_OK) {
-		const char *why = cac->errstr[0] != '\0' ? cac->errstr
-							 : "cannot connect";
-
-		/* hiredis frees the context when we return */
-		rc->ac = NULL;
-		rc_connect_failed(rc, why);
-		return;
-	}
-	rc->tried = 0;
-	atomic_store_explicit(&rc->rs->cur, rc->addr, memory_order_relaxed);
-	rc->state = RC_SELECTING;
-	if (rc->rs->master != NULL) {
-		if (redisAsyncCommand(rc->ac, on_role, NULL, "ROLE") != REDIS_OK)
-			rc->state = RC_CONNECTING;
-		return;
-	}
-	send_select(rc);
-}
-
-static void on_disconnect(const redisAsyncContext *cac, int status)
-{
-	struct rconn *rc = cac->data;
-
-	(void)status;
-
-	if (rc == NULL)
-		return;		/* we closed it */
-	rc->ac = NULL;
-	rc_failed(rc, cac->errstr[0] != '\0' ? cac->errstr : "connection closed");
-}
-
-/* ---- sentinel mode: which server is the master ------------------------ */
-
-/* Stop talking to the sentinel (its callbacks then ignore it). */
-static void sentinel_close(struct rconn *rc)
-{
-	redisAsyncContext *sac = rc->sac;
-
-	if (sac == NULL)
-		return;
-	rc->sac = NULL;
-	sac->data = NULL;
-	redisAsyncDisconnect(sac);
-}
-
-/* This sentinel could not say (why): the next one at once, or, when each
- * failed in a row, the back-off. */
-static void sentinel_failed(struct rconn *rc, const char *why)
-{
-	struct redis_store *rs = rc->rs;
-	int was = rc->sentinel;
-
-	sentinel_close(rc);
-	rc->state = RC_DOWN;
-	rc->sentinel = (rc->sentinel + 1) % rs->nsentinels;
-	if (++rc->asked < rs->nsentinels) {
-		struct timeval now = { 0, 0 };
-
-		log_debug("redis sentinel %s:%d: %s", rs->sentinels[was].host,
-			  rs->sentinels[was].port, why);
-		evtimer_add(rc->retry, &now);
-		return;
-	}
-	rc->asked = 0;
-	rc_failed(rc, why);
-}
-
-static void on_master_addr(redisAsyncContext *ac, void *r, void *priv)
-{
-	struct rconn *rc = ac->data;
-	redisReply *reply = r;
-	long port;
-
-	(void)priv;
-	if (rc == NULL)
-		return;		/* closed by us */
-	if (reply == NULL || reply->type != REDIS_REPLY_ARRAY ||
-	    reply->elements != 2 ||
-	    reply->element[0]->type != REDIS_REPLY_STRING ||
-	    reply->element[1]->type != REDIS_REPLY_STRING ||
-	    reply->element[0]->len >= sizeof(rc->master_addr) ||
-	    (port = strtol(reply->element[1]->str, NULL, 10)) < 1 ||
-	    port > 65535) {
-		char why[200];
-
-		snprintf(why, sizeof(why), "no address for master %s (%.100s)",
-			 rc->rs->master, reply == NULL ? "no answer" :
-			 reply->type == REDIS_REPLY_ERROR ? reply->str :
-			 reply->type == REDIS_REPLY_NIL ? "unknown master" :
-			 "unexpected answer");
-		sentinel_failed(rc, why);
-		return;
-	}
-	memcpy(rc->master_addr, reply->element[0]->str, reply->element[0]->len);
-	rc->master_addr[reply->element[0]->len] = '\0';
-	rc->master_port = (int)port;
-	rc->have_master = true;
-	rc->asked = 0;
-	sentinel_close(rc);
-	rc->state = RC_DOWN;
-	rc_connect(rc);
-}
-
-static void on_sentinel_connect(const redisAsyncContext *cac, int status)
-{
-	struct rconn *rc = cac->data;
-
-	if (rc == NULL)
-		return;
-	if (status != REDIS_OK) {
-		/* hiredis frees it when we return, running the pending
-		 * question's callback and the disconnect callback: neither
-		 * may act again */
-		((redisAsyncContext *)cac)->data = NULL;
-		rc->sac = NULL;
-		sentinel_failed(rc, cac->errstr[0] != '\0' ? cac->errstr :
-					"cannot connect");
-	}
-}
-
-static void on_sentinel_disconnect(const redisAsyncContext *cac, int status)
-{
-	struct rconn *rc = cac->data;
-
-	(void)status;
-	if (rc == NULL)
-		return;		/* we closed it, or its question was answered */
-	((redisAsyncContext *)cac)->data = NULL;
-	rc->sac = NULL;
-	sentinel_failed(rc, "the sentinel closed the connection");
-}
-
-/* Ask sentinel rc->sentinel for the master's address (RC_DOWN ->
- * RC_ASKING); the answer connects to it. */
-static void rc_ask(struct rconn *rc)
-{
-	struct redis_store *rs = rc->rs;
-	const char *addr = rs->sentinels[rc->sentinel].addr;
-	redisAsyncContext *sac;
-
-	if (addr[0] == '\0') {
-		sentinel_failed(rc, "not resolved");
-		return;
-	}
-	sac = redisAsyncConnect(addr, rs->sentinels[rc->sentinel].port);
-	if (sac == NULL || sac->err != 0) {
-		char why[160];
-
-		snprintf(why, sizeof(why), "%.150s",
-			 sac != NULL ? sac->errstr : "out of memory");
-		if (sac != NULL)
-			redisAsyncFree(sac);
-		sentinel_failed(rc, why);
-		return;
-	}
-	sac->data = rc;
-	if (redisLibeventAttach(sac, rc->base) != REDIS_OK ||
-	    redisAsyncSetConnectCallback(sac, on_sentinel_connect) != REDIS_OK ||
-	    redisAsyncSetDisconnectCallback(sac, on_sentinel_disconnect) != REDIS_OK ||
-	    redisAsyncCommand(sac, on_master_addr, NULL,
-			      "SENTINEL get-master-addr-by-name %s",
-			      rs->master) != REDIS_OK) {
-		sac->data = NULL;
-		redisAsyncFree(sac);
-		sentinel_failed(rc, "cannot ask");
-		return;
-	}
-	rc->sac = sac;
-	rc->state = RC_ASKING;
-}
-
-/* Start connecting (RC_DOWN -> RC_CONNECTING), or schedule another try. */
-static void rc_connect(struct rconn *rc)
-{
-	struct redis_store *rs = rc->rs;
-	redisAsyncContext *ac;
-
-	if (!atomic_load_explicit(&rs->resolved, memory_order_acquire)) {
-		rc_failed(rc, "host not resolved yet");
-		return;
-	}
-	if (rs->master != NULL && !rc->have_master) {
-		rc_ask(rc);
-		return;
-	}
-	if (rs->master != NULL) {
-		rc->have_master = false;	/* the next connect asks again */
-		ac = redisAsyncConnect(rc->master_addr, rc->master_port);
-	} else {
-		if (rc->tried == 0)	/* a new round starts where the last won */
-			rc->addr = atomic_load_explicit(&rs->cur,
-							memory_order_relaxed);
-		ac = redisAsyncConnect(rs->addrs[rc->addr], rs->port);
-	}
-	if (ac == NULL || ac->err != 0) {
-		char why[160];
-
-		snprintf(why, sizeof(why), "%.150s",
-			 ac != NULL ? ac->errstr : "out of memory");
-		if (ac == NULL) {
-			rc_failed(rc, why);
-			return;
-		}
-		redisAsyncFree(ac);
-		rc_connect_failed(rc, why);
-		return;
-	}
-	ac->data = rc;
-	if (redisLibeventAttach(ac, rc->base) != REDIS_OK) {
-		ac->data = NULL;
-		redisAsyncFree(ac);
-		rc_failed(rc, "cannot attach to the event loop");
-		return;
-	}
-	redisAsyncSetConnectCallback(ac, on_connect);
-	redisAsyncSetDisconnectCallback(ac, on_disconnect);
-	rc->ac = ac;
-	rc->state = RC_CONNECTING;
-}
-
-/* This thread's connection for base; made (and started) if create. */
-static struct rconn *rc_get(struct redis_store *rs, struct event_base *base,
-			    bool create)
-{
-	struct rconn *head = pthread_getspecific(rs->tl_key), *rc;
-
-	for (rc = head; rc != NULL; rc = rc->tl_next)
-		if (rc->base == base)
-			return rc;
-	if (!create || (rc = calloc(1, sizeof(*rc))) == NULL)
-		return NULL;
-	rc->rs = rs;
-	rc->base = base;
-	rc->state = RC_DOWN;
-	rc->backoff_ms = BACKOFF_MIN_MS;
-	rc->retry = evtimer_new(base, retry_cb, rc);
-	rc->tl_next = head;
-	if (rc->retry == NULL || pthread_setspecific(rs->tl_key, rc) != 0) {
-		if (rc->retry != NULL)
-			event_free(rc->retry);
-		free(rc);
-		return NULL;
-	}
-	pthread_mutex_lock(&rs->mu);
-	LIST_INSERT_HEAD(&rs->conns, rc, link);
-	pthread_mutex_unlock(&rs->mu);
-	rc_connect(rc);
-	return rc;
-}
-
-/* Close and free rc (already off every list); needs rc->base alive. Its
- * base is going away, so lookups still pending (their owners should have
- * cancelled them) get STORE_ERROR rather than new work in the inner store. */
-static void rc_free(struct rconn *rc)
-{
-	rc->closing = true;
-	event_free(rc->retry);
-	if (rc->sac != NULL) {
-		rc->sac->data = NULL;
-		redisAsyncFree(rc->sac);
-		rc->sac = NULL;
-	}
-	rc_drop(rc, NULL);
-	free(rc);
-}
-
-/* Thread exit: close the connections this thread made (their bases are
- * still alive: worker bases are freed after the join). */
-static void tl_destroy(void *v)
-{
-	struct rconn *rc = v, *next;
-
-	for (; rc != NULL; rc = next) {
-		next = rc->tl_next;
-		pthread_mutex_lock(&rc->rs->mu);
-		LIST_REMOVE(rc, link);
-		pthread_mutex_unlock(&rc->rs->mu);
-		rc_free(rc);
-	}
-}
-
-void store_redis_thread_done(struct store *s, struct event_base *base)
-{
-	struct redis_store *rs = (struct redis_store *)s;
-	struct rconn *head = pthread_getspecific(rs->tl_key), **pp, *rc;
-
-	for (pp = &head; *pp != NULL; pp = &(*pp)->tl_next)
-		if ((*pp)->base == base)
-			break;
-	rc = *pp;
-	if (rc == NULL)
-		return;
-	*pp = rc->tl_next;
-	pthread_setspecific(rs->tl_key, head);
-	pthread_mutex_lock(&rs->mu);
-	LIST_REMOVE(rc, link);
-	pthread_mutex_unlock(&rs->mu);
-	rc_free(rc);
-}
-
-bool store_redis_connected(struct store *s, struct event_base *base)
-{
-	struct rconn *rc = rc_get((struct redis_store *)s, base, false);
-
-	return rc != NULL && rc->state == RC_UP;
 }
 
 /* ---- claim ---- */
@@ -871,10 +372,9 @@ static void get_cb(redisAsyncContext *ac, void *r, void *priv)
 		claim_fallback(o);	/* purged: ask the inner store */
 		return;
 	}
-	resp = store_redis_decode(reply->str, reply->len, fp);
+	resp = decode_current(o->rc, reply, fp);
 	if (resp == NULL) {
-		/* not ours, another version, or out of memory */
-		metrics_store_error(STORE_KIND_REDIS);
+		/* not ours, another format or epoch, or out of memory */
 		claim_fallback(o);
 		return;
 	}
@@ -973,14 +473,12 @@ static void set_cb(redisAsyncContext *ac, void *r, void *priv)
 
 	if (rc != NULL && rc->pending > 0)
 		rc->pending--;
-	if (reply == NULL || reply->type == REDIS_REPLY_ERROR) {
+	if (reply == NULL) {
 		metrics_store_error(STORE_KIND_REDIS);
-		if (reply != NULL)
-			log_debug("redis: SET: %.100s", reply->str);
-		if (reply != NULL && rc != NULL &&
-		    strncmp(reply->str, "READONLY", 8) == 0)
-			rc_drop(rc, "the master became a replica (READONLY); "
-				"looking for the master again");
+		return;
+	}
+	if (reply->type == REDIS_REPLY_ERROR) {
+		rc_reply_error(rc, "write", reply->str);
 		return;
 	}
 	if (rc != NULL)
@@ -989,8 +487,10 @@ static void set_cb(redisAsyncContext *ac, void *r, void *priv)
 
 /*
  * Cache a completed record that lives ttl_ms from a moment after start_ms
- * (the store's clock ran from when it executed the call made at start_ms):
- * the cached copy expires ttl_ms after start_ms, never after the record.
+ * (the store's clock ran from when it executed the call made at start_ms).
+ * On the server's clock, the copy expires ttl_ms after start_ms, so never
+ * after the record, and says it learned the record no earlier than
+ * start_ms, so that a purge after that moment refuses it (PUT_LUA).
  * Failures are counted, never reported.
  */
 static void cache_put(struct redis_store *rs, struct event_base *base,
@@ -998,29 +498,31 @@ static void cache_put(struct redis_store *rs, struct event_base *base,
 		      const struct stored_response *resp, uint64_t start_ms,
 		      uint64_t ttl_ms)
 {
-	uint64_t spent = clock_ms() - start_ms;
 	struct rconn *rc = rc_get(rs, base, true);
+	int64_t learned, expires;
 	char key[KEY_MAX];
 	char *val;
 	size_t vlen;
 	int klen;
 
-	if (rc == NULL || rc->state != RC_UP || ttl_ms <= spent)
+	if (rc == NULL || rc->state != RC_UP || clock_ms() - start_ms >= ttl_ms)
 		return;		/* down: the outage is counted already */
-	ttl_ms -= spent;
 	if (rc->pending >= MAX_PENDING) {
 		metrics_store_error(STORE_KIND_REDIS);
 		return;
 	}
-	val = store_redis_encode(fp, resp, &vlen);
+	val = store_redis_encode(fp, rc->epoch, resp, &vlen);
 	if (val == NULL) {
 		metrics_store_error(STORE_KIND_REDIS);
 		return;
 	}
+	learned = (int64_t)start_ms + rc->clock_lo;
+	expires = learned + (int64_t)ttl_ms;
 	klen = make_key(k, key);
-	if (redisAsyncCommand(rc->ac, set_cb, NULL, "SET %b %b PX %llu NX", key,
-			      (size_t)klen, val, vlen,
-			      (unsigned long long)ttl_ms) == REDIS_OK)
+	if (redisAsyncCommand(rc->ac, set_cb, NULL,
+			      "EVALSHA %s 1 %b %b %" PRId64 " %" PRId64 " %s",
+			      rc->put_sha, key, (size_t)klen, val, vlen, expires,
+			      learned, rc->epoch) == REDIS_OK)
 		rc->pending++;
 	else
 		metrics_store_error(STORE_KIND_REDIS);
@@ -1137,9 +639,9 @@ static void admin_reply(struct redis_admin *o, const redisReply *reply)
 		}
 		return;
 	}
-	resp = store_redis_decode(reply->str, reply->len, fp);
+	resp = decode_current(rc_get(o->rs, o->base, false), reply, fp);
 	if (resp == NULL)
-		return;
+		return;		/* never served */
 	rec->found |= STORE_IN_REDIS;
 	if (o->res.status == STORE_ABSENT) {
 		o->res.status = STORE_OK;
@@ -1162,10 +664,13 @@ static void admin_redis_cb(redisAsyncContext *ac, void *r, void *priv)
 	struct admin_ticket *t = priv;
 	struct redis_admin *o = t->op;
 	struct rconn *rc = ac->data;
+	const redisReply *reply = r;
 
 	free(t);
 	if (rc != NULL && rc->pending > 0)
 		rc->pending--;
+	if (reply != NULL && reply->type == REDIS_REPLY_ERROR)
+		rc_reply_error(rc, "inspect or purge", reply->str);
 	if (o == NULL)
 		return;		/* cancelled or timed out */
 	o->ticket = NULL;
@@ -1179,13 +684,14 @@ static void admin_redis_cb(redisAsyncContext *ac, void *r, void *priv)
 static void admin_ask(struct redis_admin *o)
 {
 	struct rconn *rc = rc_get(o->rs, o->base, true);
-	uint64_t now = clock_ms();
+	uint64_t now = clock_ms(), keep_ms;
 	char key[KEY_MAX];
 	struct timeval tv;
 	int klen;
 
-	if (rc != NULL && (rc->state == RC_CONNECTING ||
-			   rc->state == RC_SELECTING) && now < o->deadline_ms) {
+	if (rc != NULL && (rc->state == RC_ASKING ||
+			   rc->state == RC_CONNECTING ||
+			   rc->state == RC_PREPARING) && now < o->deadline_ms) {
 		o->state = ADMIN_CONNECT;
 		tv = clock_tv(10);
 		evtimer_add(o->ev, &tv);
@@ -1197,10 +703,14 @@ static void admin_ask(struct redis_admin *o)
 		goto unreached;
 	o->ticket->op = o;
 	klen = make_key(&o->key, key);
+	/* the tombstone outlives whatever the purged record could still
+	 * have been copied with */
+	keep_ms = o->res.ttl_left_ms + 1000 > TOMBSTONE_MS ?
+		  o->res.ttl_left_ms + 1000 : TOMBSTONE_MS;
 	if ((o->purge ?
 	     redisAsyncCommand(rc->ac, admin_redis_cb, o->ticket,
-			       "EVAL %s 1 %b %s %d", PURGE_LUA, key,
-			       (size_t)klen, TOMBSTONE, TOMBSTONE_MS) :
+			       "EVALSHA %s 1 %b %" PRIu64, rc->purge_sha, key,
+			       (size_t)klen, keep_ms) :
 	     redisAsyncCommand(rc->ac, admin_redis_cb, o->ticket, "GET %b",
 			       key, (size_t)klen)) != REDIS_OK) {
 		free(o->ticket);
@@ -1355,73 +865,12 @@ static bool redis_ready(struct store *s)
 	return store_ready(((struct redis_store *)s)->inner);
 }
 
-/* The first address of each sentinel's name (IPv4 first); true when at
- * least one has one. Blocking, like resolve(). */
-static bool resolve_sentinels(struct redis_store *rs)
-{
-	int n = 0;
-
-	for (int i = 0; i < rs->nsentinels; i++) {
-		struct addrs a;
-		char err[128], port[8];
-
-		if (rs->sentinels[i].addr[0] != '\0') {
-			n++;
-			continue;
-		}
-		snprintf(port, sizeof(port), "%d", rs->sentinels[i].port);
-		if (addrs_resolve(&a, rs->sentinels[i].host, port, 0, "sentinel",
-				  err, sizeof(err)) < 0)
-			continue;
-		addrs_host((struct sockaddr *)&a.ss[0], a.len[0],
-			   rs->sentinels[i].addr, sizeof(rs->sentinels[i].addr));
-		n++;
-	}
-	if (n == 0)
-		return false;
-	atomic_store_explicit(&rs->resolved, true, memory_order_release);
-	return true;
-}
-
-/* The numeric addresses of rs->host into rs->addrs, IPv4 first as hiredis
- * would pick them. May block in DNS: only at start and on the main
- * thread's sweep, until it first succeeds. */
-static bool resolve(struct redis_store *rs)
-{
-	static const int families[] = { AF_INET, AF_INET6 };
-	int n = 0;
-
-	if (rs->master != NULL)
-		return resolve_sentinels(rs);
-
-	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++) {
-		struct addrinfo hints = { .ai_family = families[i],
-					  .ai_socktype = SOCK_STREAM };
-		struct addrinfo *ai;
-		struct addrs a;
-
-		if (getaddrinfo(rs->host, NULL, &hints, &ai) != 0)
-			continue;
-		addrs_from_addrinfo(&a, ai);
-		freeaddrinfo(ai);
-		for (int j = 0; j < a.n && n < ADDRS_MAX; j++)
-			if (addrs_host((struct sockaddr *)&a.ss[j], a.len[j],
-				       rs->addrs[n], sizeof(rs->addrs[n]))[0] != '?')
-				n++;
-	}
-	if (n == 0)
-		return false;
-	rs->naddrs = n;
-	atomic_store_explicit(&rs->resolved, true, memory_order_release);
-	return true;
-}
-
 static void redis_sweep(struct store *s, struct event_base *base)
 {
 	struct redis_store *rs = (struct redis_store *)s;
 
 	if (!atomic_load_explicit(&rs->resolved, memory_order_acquire) &&
-	    resolve(rs))
+	    redis_resolve(rs))
 		log_info("redis %s: resolved", rs->label);
 	store_sweep(rs->inner, base);
 }
@@ -1493,7 +942,7 @@ static struct redis_store *redis_alloc(struct store *inner, int db, char *err,
 		return NULL;
 	}
 	rs = calloc(1, sizeof(*rs));
-	if (rs == NULL || pthread_key_create(&rs->tl_key, tl_destroy) != 0) {
+	if (rs == NULL || pthread_key_create(&rs->tl_key, rc_thread_exit) != 0) {
 		snprintf(err, errlen, "redis: out of memory");
 		free(rs);
 		return NULL;
@@ -1535,7 +984,7 @@ struct store *store_redis_new(struct store *inner, const char *host,
 	snprintf(rs->host, sizeof(rs->host), "%s", host);
 	rs->port = (int)p;
 	snprintf(rs->label, sizeof(rs->label), "%s:%d", host, rs->port);
-	if (!resolve(rs))
+	if (!redis_resolve(rs))
 		log_warn("redis %s: cannot resolve the host yet; the fast path "
 			 "is off until it can", rs->label);
 	return &rs->base;
@@ -1588,7 +1037,7 @@ struct store *store_redis_new_sentinel(struct store *inner,
 	free(list);
 	snprintf(rs->label, sizeof(rs->label), "master %.64s (sentinels %.200s)",
 		 master, sentinels);
-	if (!resolve(rs))
+	if (!redis_resolve(rs))
 		log_warn("redis %s: no sentinel resolves yet; the fast path is "
 			 "off until one does", rs->label);
 	return &rs->base;
@@ -1610,3 +1059,4 @@ void store_redis_set_timeout(struct store *s, unsigned ms)
 
 	atomic_store_explicit(&rs->timeout_ms, ms, memory_order_relaxed);
 }
+

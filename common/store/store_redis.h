@@ -12,16 +12,17 @@
  *             Redis down: the inner store's claim, its result passed through
  *             unchanged. The inner store alone decides who wins.
  *   complete  the inner store's; when it says STORE_OK the record is written
- *             through (SET ... PX ttl_ms less the time since the call, so
- *             that the copy never outlives the record, NX), fire and
- *             forget: failures are only counted
+ *             through by a script that expires the copy, on the server's
+ *             clock, no later than the record, and writes nothing when a
+ *             copy is there or a purge came after the record was learned;
+ *             fire and forget: failures are only counted
  *             (idemproxy_store_errors_total{store="redis"}).
  *   inspect   the inner store's, then GET: a copy is added to found.
  *   purge     the inner store's, then one script: the old value (found)
- *             and, in its place, a tombstone for 10 s that claims read as
- *             a miss and that the NX of every write leaves alone, so that
- *             a read- or write-through under way during the purge cannot
- *             put the purged response back.
+ *             and, in its place, a tombstone that claims read as a miss
+ *             and that lives as long as the purged record could have: a
+ *             read- or write-through that learned the record before the
+ *             purge, however late it arrives, cannot put it back.
  *   release, extend, watch, sweep, ready: the inner store's. Redis never
  *             affects readiness and is never an error: losing its data (down,
  *             slow, flushed, evicted) only sends claims to the inner store.
@@ -48,19 +49,22 @@
  * ever blocks in DNS; if it cannot be resolved yet the fast path stays off
  * and the resolution is retried by store_sweep() (the main thread's timer).
  *
- * Cached value (all integers big-endian), STORE_REDIS_MAGIC "IPR1" first:
+ * Cached value (all integers big-endian), STORE_REDIS_MAGIC "IPR2" first:
  *
  *   offset  size  field
- *   0       4     magic "IPR1" (format version 1)
- *   4       32    fingerprint (SHA-256) of the request that completed it
- *   36      2     status
- *   38      1     flags: bit 0 = body_stored (0: too large, duplicates 409)
- *   39      4     head length H
- *   43      H     head ("Name: value\r\n"...)
- *   43+H    4     body length B
- *   47+H    B     body
+ *   0       4     magic "IPR2" (format version 2)
+ *   4       16    epoch: the first 16 characters of the master_replid of
+ *                 the server it was written to (a promoted replica or a
+ *                 restarted server has another: the copy is then a miss)
+ *   20      32    fingerprint (SHA-256) of the request that completed it
+ *   52      2     status
+ *   54      1     flags: bit 0 = body_stored (0: too large, duplicates 409)
+ *   55      4     head length H
+ *   59      H     head ("Name: value\r\n"...)
+ *   59+H    4     body length B
+ *   63+H    B     body
  *
- * The value is exactly 47 + H + B bytes; anything else is a miss.
+ * The value is exactly 63 + H + B bytes; anything else is a miss.
  */
 #ifndef IDEMPROXY_STORE_REDIS_H
 #define IDEMPROXY_STORE_REDIS_H
@@ -70,8 +74,9 @@
 
 #include "store.h"
 
-#define STORE_REDIS_MAGIC "IPR1"
-#define STORE_REDIS_HDR_LEN 47		/* bytes besides head and body */
+#define STORE_REDIS_MAGIC "IPR2"
+#define STORE_REDIS_EPOCH_LEN 16
+#define STORE_REDIS_HDR_LEN 63		/* bytes besides head and body */
 #define STORE_REDIS_TIMEOUT_MS 50	/* claim lookup bound, default */
 
 struct event_base;
@@ -115,12 +120,13 @@ bool store_redis_connected(struct store *s, struct event_base *base);
  * The cached value for a completed record: a malloc'ed buffer of *len
  * bytes, NULL if out of memory or too large for the format.
  */
-char *store_redis_encode(const uint8_t fp[FP_LEN],
+char *store_redis_encode(const uint8_t fp[FP_LEN], const char *epoch,
 			 const struct stored_response *resp, size_t *len);
 
-/* Parse a cached value: the response (one reference) and its fingerprint
- * into fp, or NULL when buf is not a well-formed value. */
+/* Parse a cached value: the response (one reference), its fingerprint into
+ * fp and its epoch into epoch, or NULL when buf is not a well-formed value. */
 struct stored_response *store_redis_decode(const char *buf, size_t len,
-					   uint8_t fp[FP_LEN]);
+					   uint8_t fp[FP_LEN],
+					   char epoch[STORE_REDIS_EPOCH_LEN + 1]);
 
 #endif

@@ -69,7 +69,7 @@ def test_hit_path(make_proxy, pg_db, redis, stub):
     assert first.status == 201 and not replayed(first)
     value = wait_cached(redis, key)
     assert value is not None, redis.cmd("KEYS", "*")
-    assert value[:4] == b"IPR1"
+    assert value[:4] == b"IPR2"
     pttl = redis.cmd("PTTL", rkey(key))
     assert (TTL_S - 10) * 1000 < pttl <= TTL_S * 1000, pttl
     h0 = hits(b)

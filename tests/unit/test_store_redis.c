@@ -279,16 +279,30 @@ static bool wait_connected(struct store *s, struct event_base *b, int ms)
 	return store_redis_connected(s, b);
 }
 
+/* The epoch a copy written now carries: the server's master_replid. */
+static void server_epoch(char epoch[STORE_REDIS_EPOCH_LEN + 1])
+{
+	redisReply *r = sync_cmd("INFO %s", "replication", (size_t)0, NULL, 0);
+	const char *p = r != NULL && r->type == REDIS_REPLY_STRING ?
+			strstr(r->str, "master_replid:") : NULL;
+
+	snprintf(epoch, STORE_REDIS_EPOCH_LEN + 1, "%s",
+		 p != NULL ? p + strlen("master_replid:") : "????????????????");
+	freeReplyObject(r);
+}
+
 /* GET a cached value from Redis, waiting for a write-through to land. */
 static struct stored_response *redis_value(const char *rkey, uint8_t fp[FP_LEN],
 					   struct event_base *b)
 {
+	char epoch[STORE_REDIS_EPOCH_LEN + 1];
+
 	for (int i = 0; i < 100; i++) {
 		redisReply *r = sync_cmd("GET %b", rkey, strlen(rkey), NULL, 0);
 		struct stored_response *resp = NULL;
 
 		if (r != NULL && r->type == REDIS_REPLY_STRING)
-			resp = store_redis_decode(r->str, r->len, fp);
+			resp = store_redis_decode(r->str, r->len, fp, epoch);
 		freeReplyObject(r);
 		if (resp != NULL)
 			return resp;
@@ -303,12 +317,14 @@ static void redis_put(const char *rkey, int fpbyte, const char *body)
 	uint8_t fp[FP_LEN];
 	struct stored_response *resp = stored_response_new(200, "X-Only: redis\r\n",
 							   15, body, strlen(body), true);
+	char epoch[STORE_REDIS_EPOCH_LEN + 1];
 	size_t len;
 	char *val;
 	redisReply *r;
 
 	memset(fp, fpbyte, FP_LEN);
-	val = store_redis_encode(fp, resp, &len);
+	server_epoch(epoch);
+	val = store_redis_encode(fp, epoch, resp, &len);
 	r = sync_cmd("SET %b %b", rkey, strlen(rkey), val, len);
 	ok(r != NULL && r->type == REDIS_REPLY_STATUS, "SET %s directly", rkey);
 	freeReplyObject(r);
@@ -323,38 +339,44 @@ static void test_format(void)
 	uint8_t fp[FP_LEN], back[FP_LEN];
 	struct stored_response *r = stored_response_new(201, "A: b\r\n", 6,
 							"body\0x", 6, true);
+	const char *ep = "0123456789abcdef";
+	char epoch[STORE_REDIS_EPOCH_LEN + 1];
 	struct stored_response *d;
 	size_t len;
 	char *v;
 
 	for (int i = 0; i < FP_LEN; i++)
 		fp[i] = (uint8_t)(i * 7);
-	v = store_redis_encode(fp, r, &len);
+	v = store_redis_encode(fp, ep, r, &len);
 	is_int(len, STORE_REDIS_HDR_LEN + 6 + 6, "encoded length");
-	ok(memcmp(v, "IPR1", 4) == 0, "magic first");
-	d = store_redis_decode(v, len, back);
+	ok(memcmp(v, "IPR2", 4) == 0 && memcmp(v + 4, ep, 16) == 0,
+	   "magic, then the epoch");
+	d = store_redis_decode(v, len, back, epoch);
 	ok(d != NULL && d->status == 201 && d->head_len == 6 &&
 	   memcmp(d->head, "A: b\r\n", 6) == 0 && d->body_len == 6 &&
 	   memcmp(d->body, "body\0x", 6) == 0 && d->body_stored &&
-	   memcmp(back, fp, FP_LEN) == 0, "decode(encode(x)) == x");
+	   memcmp(back, fp, FP_LEN) == 0 && strcmp(epoch, ep) == 0,
+	   "decode(encode(x)) == x");
 	stored_response_unref(d);
 	for (size_t n = 0; n < len; n++) {
-		d = store_redis_decode(v, n, back);
+		d = store_redis_decode(v, n, back, epoch);
 		if (d != NULL)
 			break;
 	}
 	ok(d == NULL, "every truncation is rejected");
 	v[0] = 'X';
-	ok(store_redis_decode(v, len, back) == NULL, "bad magic rejected");
+	ok(store_redis_decode(v, len, back, epoch) == NULL, "bad magic rejected");
 	v[0] = 'I';
-	v[38] = 2;
-	ok(store_redis_decode(v, len, back) == NULL, "bad flags rejected");
+	v[54] = 2;
+	ok(store_redis_decode(v, len, back, epoch) == NULL, "bad flags rejected");
 	free(v);
+	ok(store_redis_encode(fp, "short", r, &len) == NULL,
+	   "an epoch of another length is refused");
 	stored_response_unref(r);
 
 	r = stored_response_new(200, "", 0, "", 0, false);
-	v = store_redis_encode(fp, r, &len);
-	d = store_redis_decode(v, len, back);
+	v = store_redis_encode(fp, ep, r, &len);
+	d = store_redis_decode(v, len, back, epoch);
 	ok(d != NULL && !d->body_stored && d->head_len == 0 && d->body_len == 0,
 	   "empty, body not stored: round trip");
 	stored_response_unref(d);

@@ -1,0 +1,84 @@
+"""A TCP relay on 127.0.0.1 that can hold what clients send: a network
+that delays a connection's bytes (a stalled path, a paused process's
+socket buffer) without closing it.
+
+    r = Relay(target_port)      # listen on r.port, forward to the target
+    r.hold()                    # from now on, client bytes wait here
+    r.release()                 # ... and go on, in order
+    r.close()
+
+Bytes from the target to the client are never held. A thread per
+direction per connection; the relay stops its threads on close().
+"""
+import socket
+import threading
+
+from support.procs import free_port
+
+
+class Relay:
+    def __init__(self, target_port):
+        self.target_port = target_port
+        self.port = free_port()
+        self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._lsock.bind(("127.0.0.1", self.port))
+        self._lsock.listen(64)
+        self._open = threading.Event()
+        self._open.set()
+        self._closed = False
+        self._socks = []
+        self._lock = threading.Lock()
+        self.held = 0           # bytes that waited
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold(self):
+        self._open.clear()
+
+    def release(self):
+        self._open.set()
+
+    def _accept(self):
+        while not self._closed:
+            try:
+                c, _ = self._lsock.accept()
+            except OSError:
+                return
+            try:
+                t = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                c.close()
+                continue
+            with self._lock:
+                self._socks += [c, t]
+            threading.Thread(target=self._pump, args=(c, t, True),
+                             daemon=True).start()
+            threading.Thread(target=self._pump, args=(t, c, False),
+                             daemon=True).start()
+
+    def _pump(self, src, dst, holdable):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if holdable and not self._open.is_set():
+                    self.held += len(data)
+                    self._open.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self._closed = True
+        self._open.set()
+        self._lsock.close()
+        with self._lock:
+            for s in self._socks:
+                s.close()
