@@ -800,6 +800,7 @@ static void pg_free(struct store *st)
 		pg_local_free(l);
 	}
 	pthread_mutex_destroy(&s->mu);
+	pg_dns_free(s->dns);
 	pg_hosts_free(&s->hosts);
 	free(s->conninfo);
 	free(s->setup_sql);
@@ -859,7 +860,9 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread)
 		     release_sql, extend_sql, sweep_sql, inspect_sql,
 		     purge_sql) < 0)
 		s->setup_sql = NULL;
-	if (s->conninfo == NULL || s->setup_sql == NULL) {
+	s->dns = pg_dns_new(&s->hosts);
+	if (s->conninfo == NULL || s->setup_sql == NULL || s->dns == NULL) {
+		pg_dns_free(s->dns);
 		pg_hosts_free(&s->hosts);
 		free(s->conninfo);
 		free(s->setup_sql);

@@ -122,6 +122,9 @@ int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
 			iport = nkw;
 		h->keywords[nkw++] = o->keyword;
 	}
+	h->ihost = ihost;
+	h->iaddr = iaddr;
+	h->iport = iport;
 	for (int i = 0; i < h->n; i++) {
 		const char *hs, *ps;
 
@@ -144,6 +147,14 @@ int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
 			if (iport >= 0)
 				h->values[i][iport] = np > 1 ? pv[i] : pv[0];
 		}
+		for (int e = 0; e < (h->probe ? 1 : n); e++) {
+			int x = h->probe ? i : e;
+
+			h->ent[i][e].host = nh > 1 ? hv[x] : hv[0];
+			h->ent[i][e].hostaddr = na > 1 ? av[x] : av[0];
+			h->ent[i][e].port = np > 1 ? pv[x] : pv[0];
+		}
+		h->nent[i] = h->probe ? 1 : n;
 		hs = nh > 1 ? hv[i] : hv[0];
 		if (hs == NULL || hs[0] == '\0')
 			hs = na > 1 ? av[i] : av[0];

@@ -24,12 +24,22 @@
 
 #define PG_HOSTS_MAX 16
 
+/* One host of a set as the string gave it; NULL: not given. */
+struct pg_host_entry {
+	const char *host, *hostaddr, *port;
+};
+
 struct pg_hosts {
-	int n;				/* hosts; 1 for a single-host string */
+	int n;				/* sets; 1 for a single-host string */
 	bool probe;			/* connect to each host on its own */
 	const char **keywords;		/* NULL-terminated, shared by all */
 	const char **values[PG_HOSTS_MAX];	/* parallel to keywords */
 	char label[PG_HOSTS_MAX][128];	/* "host:port" for the log */
+	/* the hosts of each set (probe: one each; else every host, which
+	 * libpq walks), for store_pg_dns.c to resolve */
+	int nent[PG_HOSTS_MAX];
+	struct pg_host_entry ent[PG_HOSTS_MAX][PG_HOSTS_MAX];
+	int ihost, iaddr, iport;	/* their places in keywords */
 	void *opts;			/* PQconninfoOption[]: owns the strings */
 	char *buf;			/* owns the split host/port strings */
 };

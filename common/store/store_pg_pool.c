@@ -295,6 +295,7 @@ static void conn_fail(struct pg_conn *c, const char *why)
 		log_warn("postgres store: %s%s%s", why, c->pg != NULL ? ": " : "",
 			 c->pg != NULL ? PQerrorMessage(c->pg) : "");
 	metrics_store_error(STORE_KIND_POSTGRES);
+	pg_dns_stale(s->dns);		/* the name may have moved */
 	if (c->pg != NULL && s->hosts.probe)
 		atomic_store(&s->failed[c->host], true);
 	if (c->io != NULL) {
@@ -467,6 +468,7 @@ static void probe_failed(struct pg_probe *p, const char *why)
 	log_debug("postgres store: %s: %s",
 		  p->c->local->s->hosts.label[p->host], p->why);
 	atomic_store(&p->c->local->s->failed[p->host], true);
+	pg_dns_stale(p->c->local->s->dns);
 	probe_stop(p);
 	p->next_at = clock_ms() + PG_REPROBE_MS;
 }
@@ -487,8 +489,18 @@ static void probe_launch(struct pg_probe *p)
 {
 	const struct pg_hosts *h = &p->c->local->s->hosts;
 
+	const char **values;
+	char why[160];
+
 	p->started = clock_ms();
-	p->pg = PQconnectStartParams(h->keywords, h->values[p->host], 0);
+	values = pg_dns_values(p->c->local->s->dns, h, p->host, why,
+			       sizeof(why));
+	if (values == NULL) {
+		probe_failed(p, why);
+		return;
+	}
+	p->pg = PQconnectStartParams(h->keywords, values, 0);
+	free(values);
 	if (!pg_ready(p->c, p->pg)) {
 		probe_failed(p, "cannot start a connection");
 		return;
@@ -605,8 +617,17 @@ static void conn_start(struct pg_conn *c)
 		probes_start(c);
 		return;
 	}
+	const char **values;
+	char why[160];
+
 	c->host = 0;
-	c->pg = PQconnectStartParams(h->keywords, h->values[0], 0);
+	values = pg_dns_values(c->local->s->dns, h, 0, why, sizeof(why));
+	if (values == NULL) {
+		conn_fail(c, why);
+		return;
+	}
+	c->pg = PQconnectStartParams(h->keywords, values, 0);
+	free(values);
 	if (!pg_ready(c, c->pg)) {
 		conn_fail(c, "cannot start a connection");
 		return;

@@ -17,6 +17,7 @@
 #include <libpq-fe.h>
 
 #include "store_pg.h"
+#include "store_pg_dns.h"
 #include "store_pg_hosts.h"
 
 #define PG_POLL_MS 500
@@ -149,6 +150,7 @@ struct pg_store {
 	struct store base;
 	char *conninfo;
 	struct pg_hosts hosts;		/* conninfo, by host */
+	struct pg_dns *dns;		/* their names, resolved off the loops */
 	atomic_int primary;		/* hosts index: where writes went last;
 					 * -1: not known yet */
 	atomic_bool failed[PG_HOSTS_MAX];	/* a connection to this host

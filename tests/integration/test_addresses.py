@@ -227,3 +227,59 @@ def test_redis_on_its_other_address(make_proxy, stub, pg_db, hosts):
         assert "; trying ::1" in p.log()
     finally:
         r6.shutdown()
+
+
+# a name no resolver answers for in time: the resolver here is black-holed
+HANGING_NAME = "pg-dns-hangs.idemproxy.test"
+
+
+@pytest.fixture
+def hanging_dns(tmp_path):
+    """A resolv.conf whose only nameserver (127.0.0.77:53, bound here)
+    reads every query and never answers: each lookup of a name that is not
+    in /etc/hosts blocks for its timeouts (2 s x 3 attempts)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(("127.0.0.77", 53))
+    except OSError as e:
+        sock.close()
+        pytest.skip(f"cannot bind a DNS server here: {e}")
+    path = tmp_path / "resolv.conf"
+    path.write_text("nameserver 127.0.0.77\noptions timeout:2 attempts:3\n")
+    yield path
+    sock.close()
+
+
+def test_store_names_resolved_off_the_loop(make_proxy, stub, pg_db, hosts,
+                                           hanging_dns):
+    """PostgreSQL named by host names: `localhost` (::1 refused, 127.0.0.1
+    answers) first, then a name whose lookups hang. libpq would resolve
+    both inside the connect, on the loop: every reconnect would stall the
+    worker for the whole DNS timeout. They are resolved by a thread of
+    their own, so requests keep being answered at once while the lookup
+    hangs, before and after the store's connections are cut."""
+    port = pg_db.url.rsplit(":", 1)[1].split("/")[0]
+    url = (f"postgresql://postgres@localhost:{port},{HANGING_NAME}:{port}/"
+           f"{pg_db.name}")
+    p = make_proxy("--store", url, hosts=hosts, resolv=hanging_dns)
+    worst = 0.0
+
+    def round_trip(i):
+        nonlocal worst
+        t0 = time.monotonic()
+        r = keyed_post(p.port, f"dns-{i}", b"{}")
+        worst = max(worst, time.monotonic() - t0)
+        return r
+
+    assert round_trip(0).status == 200, p.log()
+    pg_db.psql("select pg_terminate_backend(pid) from pg_stat_activity "
+               f"where datname = '{pg_db.name}' and pid <> pg_backend_pid()")
+    statuses = [round_trip(i).status for i in range(1, 16)
+                if time.sleep(0.3) is None]
+    # a lookup takes 6 s here: a loop blocked in it would have stalled a
+    # request for that long (RawConn gives up after its own timeout)
+    assert worst < 3.0, (worst, p.log())
+    assert statuses[-1] == 200 and statuses.count(200) >= 10, statuses
+    assert f"cannot resolve {HANGING_NAME}" in p.log() or \
+        "no answer in time" in p.log(), p.log()
+    assert stub.stats()["requests"] == statuses.count(200) + 1

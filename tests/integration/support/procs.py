@@ -180,18 +180,22 @@ class Stub:
         assert rc == 0, f"stub exited {rc}: {text}"
 
 
-def with_hosts_file(hosts, argv):
-    """argv run with `hosts` in place of /etc/hosts: a private mount
-    namespace (unshare -m, as root) whose /etc/hosts is a bind mount of it.
-    The shell execs argv, so the PID is argv's. Nothing outside changes."""
+def with_hosts_file(hosts, argv, resolv=None):
+    """argv run with `hosts` in place of /etc/hosts (and `resolv`, if
+    given, in place of /etc/resolv.conf): a private mount namespace
+    (unshare -m, as root) whose files are bind mounts of them. The shell
+    execs argv, so the PID is argv's. Nothing outside changes."""
     return ["unshare", "-m", "sh", "-c",
-            'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts)] + argv
+            'mount --bind "$0" /etc/hosts && '
+            '{ [ "$1" = - ] || mount --bind "$1" /etc/resolv.conf; } && '
+            'shift && exec "$@"', str(hosts),
+            str(resolv) if resolv else "-"] + argv
 
 
 class Proxy:
     def __init__(self, tmp_path, upstream, *flags, env=None, workers=1,
                  name="idemproxy", wait_ready=True, hosts=None,
-                 listen_host="127.0.0.1"):
+                 resolv=None, listen_host="127.0.0.1"):
         self.port = free_port()
         self.admin_port = free_port()
         self.log_path = tmp_path / f"{name}.stderr"
@@ -205,8 +209,8 @@ class Proxy:
                       "--admin-listen", f"{listen_host}:{self.admin_port}",
                       "--workers", str(workers)]
         self.args += list(flags)
-        argv = self.args if hosts is None else with_hosts_file(hosts,
-                                                                self.args)
+        argv = self.args if hosts is None else with_hosts_file(
+            hosts, self.args, resolv)
         self.proc = subprocess.Popen(argv, stdout=self._out,
                                      stderr=self._log, env=clean_env(env))
         self.pid = self.proc.pid
