@@ -195,12 +195,20 @@ const char store_pg_complete_sql[] =
 	"  RETURNING 1)\n"
 	"SELECT 'completed'::text FROM u, pg_notify('idemproxy', $1 || ':' || $2)";
 
+/*
+ * One row: 'released', or NULL when the record was not ours in flight.
+ * txid_current() gives the transaction an id, so its commit is written and
+ * waits for a synchronous standby even when nothing was deleted: a re-send
+ * after an unacknowledged commit (which did delete) then confirms that one.
+ */
 static const char release_sql[] =
 	"WITH d AS (\n"
 	"  DELETE FROM idempotency_keys\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
 	"  RETURNING 1)\n"
-	"SELECT 'released'::text FROM d, pg_notify('idemproxy', $1 || ':' || $2)";
+	"SELECT (SELECT 'released'::text\n"
+	"          FROM d, pg_notify('idemproxy', $1 || ':' || $2)),\n"
+	"       txid_current()";
 
 static const char extend_sql[] =
 	"UPDATE idempotency_keys\n"
@@ -230,7 +238,8 @@ static const char inspect_sql[] =
  * owner is fenced: its completion finds no row), wakes its waiters
  * ("<scope>:<key>") and tells every instance's cache ("purge:..."), also
  * when there was no row: a copy may outlive a row deleted by hand. One row:
- * the state the live record had, NULL when there was none.
+ * the state the live record had, NULL when there was none. txid_current():
+ * as for release_sql, the commit is written and waited for either way.
  */
 static const char purge_sql[] =
 	"WITH d AS (\n"
@@ -240,7 +249,7 @@ static const char purge_sql[] =
 	"                   ::bigint AS left_ms)\n"
 	"SELECT (SELECT state FROM d WHERE live), (SELECT fingerprint FROM d),\n"
 	"       (SELECT owner FROM d), (SELECT status FROM d),\n"
-	"       (SELECT left_ms FROM d)\n"
+	"       (SELECT left_ms FROM d), txid_current()\n"
 	"  FROM pg_notify('idemproxy', $1 || ':' || $2) AS wake,\n"
 	"       pg_notify('idemproxy', 'purge:' || $1 || ':' || $2) AS forget";
 
@@ -504,8 +513,16 @@ void pg_op_committed(struct pg_op *o)
 		claim_result(o, r);
 		return;
 	case PG_COMPLETE:
-	case PG_RELEASE:
 		pg_op_finish(o, PQntuples(r) > 0 ? STORE_OK : STORE_FENCED);
+		return;
+	case PG_RELEASE:
+		/* a re-send that found nothing after an attempt whose commit
+		 * was not acknowledged: that attempt released it (this commit
+		 * confirmed it) */
+		pg_op_finish(o, !PQgetisnull(r, 0, 0) ||
+				(o->unacked != NULL &&
+				 !PQgetisnull(o->unacked, 0, 0)) ?
+				STORE_OK : STORE_FENCED);
 		return;
 	case PG_EXTEND:
 		pg_op_finish(o, strcmp(PQcmdTuples((PGresult *)r), "1") == 0 ?
@@ -526,7 +543,9 @@ void pg_op_committed(struct pg_op *o)
 		inspect_result(o, r);
 		return;
 	case PG_PURGE:
-		purge_result(o, r);
+		/* as for release: what the unacknowledged attempt deleted */
+		purge_result(o, PQgetisnull(r, 0, 0) && o->unacked != NULL ?
+				o->unacked : r);
 		return;
 	case PG_WATCH:
 		break;

@@ -65,6 +65,8 @@ void pg_op_free(struct pg_op *o)
 	if (o->ev != NULL)
 		event_free(o->ev);
 	op_clear_attempt(o);
+	if (o->unacked != NULL)
+		PQclear(o->unacked);
 	stored_response_unref(o->resp);
 	stored_response_unref(o->res.resp);
 	free(o);
@@ -755,8 +757,18 @@ static void batch_unacked(struct pg_conn *c)
 	struct pg_op *o;
 	int n = 0;
 
-	TAILQ_FOREACH(o, &c->batch, link)
+	TAILQ_FOREACH(o, &c->batch, link) {
 		n++;
+		if (o->result != NULL && !o->stmt_failed &&
+		    (o->unacked == NULL || PQgetisnull(o->unacked, 0, 0))) {
+			/* kept for the re-send's report (store_pg.c): the
+			 * first that did something (a release, a purge) */
+			if (o->unacked != NULL)
+				PQclear(o->unacked);
+			o->unacked = o->result;
+			o->result = NULL;
+		}
+	}
 	c->unacked = false;
 	metrics_count_n(COUNTER_store_unacknowledged_commits_total,
 			(unsigned long)n);

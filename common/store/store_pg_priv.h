@@ -79,6 +79,8 @@ struct pg_op {
 	uint64_t deadline_ms;		/* monotonic: give up after this */
 	/* this attempt, until its batch's Sync */
 	PGresult *result;
+	PGresult *unacked;		/* the result of an attempt whose
+					 * commit was not acknowledged */
 	bool stmt_failed;
 
 	struct store_key key;

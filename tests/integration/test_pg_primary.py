@@ -26,6 +26,7 @@ from support.http import RawConn, assert_problem
 from support.procs import (IDEMPROXY_BIN, clean_env, metric_value, read_text,
                            readyz, wait_readyz)
 from support.stores import PG_BINDIR, PgServer
+from test_keys import TOKEN, admin, token_file  # noqa: F401 (fixture)
 
 
 @pytest.fixture
@@ -226,3 +227,36 @@ def test_two_writable_hosts_do_not_chase_each_other(make_proxy, stub, pg_db):
     assert metric_value(p.metrics(), "idemproxy_store_errors_total",
                         {"store": "postgres"}) == 0, p.log()
     assert all(n == 1 for n in stub.stats()["keys"].values())
+
+
+def test_purge_rewritten_after_a_cancelled_wait_reports_the_record(
+        make_proxy, stub, private_pg, token_file):
+    """A purge whose commit's wait was cancelled is written again; the
+    re-send finds the row already gone (the first attempt deleted it
+    locally) and must still report the record it purged, not 404."""
+    p = make_proxy("--store", private_pg.url("idem"), "--admin-token-file",
+                   token_file)
+    wait_readyz(p, 200)
+    assert keyed_post(p.port, "purge-1").status == 200
+    private_pg.psql("alter system set synchronous_standby_names = 'ghost'")
+    private_pg.psql("select pg_reload_conf()")
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        purge = ex.submit(admin, p, "DELETE", "purge-1", token=TOKEN)
+        deadline = time.monotonic() + 10
+        cancelled = 0
+        while not cancelled and time.monotonic() < deadline:
+            cancelled = int(private_pg.psql(
+                "select count(pg_cancel_backend(pid)) from pg_stat_activity"
+                " where wait_event = 'SyncRep'", db="idem") or 0)
+            time.sleep(0.02)
+        assert cancelled, "no commit waited for the standby"
+        time.sleep(0.3)     # the re-send waits in its turn
+        private_pg.psql("alter system reset synchronous_standby_names")
+        private_pg.psql("select pg_reload_conf()")
+        status, _, doc = purge.result(timeout=15)
+    assert "not acknowledged by the synchronous standby" in p.log()
+    assert status == 200 and doc.get("purged") is True, (status, doc)
+    assert doc["state"] == "completed" and "postgres" in doc["found_in"]
+    r = keyed_post(p.port, "purge-1")
+    assert r.status == 200 and r.header("Idempotent-Replayed") != "true"
+    assert stub.stats()["keys"].get("purge-1") == 2
