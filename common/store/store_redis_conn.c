@@ -41,11 +41,44 @@
 
 static void rc_connect(struct rconn *rc);
 
+static void sentinel_failed(struct rconn *rc, const char *why);
+static void rc_connect_failed(struct rconn *rc, const char *why);
+
+/*
+ * rc->retry: while RC_DOWN, the time to connect again; while a sentinel is
+ * asked, or a connection is made and prepared, its deadline (a server that
+ * accepts TCP and never answers: frozen, or a black hole behind a NAT).
+ */
 static void retry_cb(evutil_socket_t fd, short what, void *arg)
 {
+	struct rconn *rc = arg;
+	char why[64];
+
 	(void)fd;
 	(void)what;
-	rc_connect(arg);
+	snprintf(why, sizeof(why), "no answer in %d ms", RC_CONNECT_MS);
+	switch (rc->state) {
+	case RC_DOWN:
+		rc_connect(rc);
+		break;
+	case RC_ASKING:
+		sentinel_failed(rc, why);
+		break;
+	case RC_CONNECTING:
+	case RC_PREPARING:
+		rc_drop(rc, NULL);
+		rc_connect_failed(rc, why);
+		break;
+	case RC_UP:
+		break;
+	}
+}
+
+static void arm_deadline(struct rconn *rc)
+{
+	struct timeval tv = clock_tv(RC_CONNECT_MS);
+
+	evtimer_add(rc->retry, &tv);
 }
 
 /* The connection is gone (or never came): count, log once per outage,
@@ -196,6 +229,7 @@ static void on_prepare(redisAsyncContext *ac, void *r, void *priv)
 	}
 	if (step != PREP_TIME)
 		return;
+	evtimer_del(rc->retry);		/* the deadline */
 	if (rc->failing)
 		log_info("redis %s: connected", rc->rs->label);
 	rc->failing = false;
@@ -453,6 +487,7 @@ static void rc_ask(struct rconn *rc)
 	}
 	rc->sac = sac;
 	rc->state = RC_ASKING;
+	arm_deadline(rc);
 }
 
 /* Start connecting (RC_DOWN -> RC_CONNECTING), or schedule another try. */
@@ -502,6 +537,7 @@ static void rc_connect(struct rconn *rc)
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
 	rc->ac = ac;
 	rc->state = RC_CONNECTING;
+	arm_deadline(rc);
 }
 
 /* This thread's connection for base; made (and started) if create. */

@@ -22,6 +22,7 @@
 
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
+#define RC_CONNECT_MS 2000	/* connect and prepare, or ask a sentinel */
 #define MAX_PENDING 4096	/* commands awaiting replies, per connection */
 #define KEY_PREFIX "idemproxy:"
 #define KEY_MAX (sizeof(KEY_PREFIX) + STORE_SCOPE_LEN + 1 + IDEMKEY_MAX + 1)

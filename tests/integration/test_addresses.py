@@ -283,3 +283,37 @@ def test_store_names_resolved_off_the_loop(make_proxy, stub, pg_db, hosts,
     assert f"cannot resolve {HANGING_NAME}" in p.log() or \
         "no answer in time" in p.log(), p.log()
     assert stub.stats()["requests"] == statuses.count(200) + 1
+
+
+def test_redis_frozen_first_address_is_left(make_proxy, stub, pg_db,
+                                            tmp_path):
+    """A Redis name whose first address accepts TCP and never answers (a
+    frozen server) and whose second is Redis: the connection gives up on
+    the first after 2 s (hiredis 0.14 has no connect timeout; the proxy
+    keeps its own deadline over connect and preparation) and the fast path
+    comes up on the second."""
+    name = "redis-frozen-first.idemproxy.test"
+    path = tmp_path / "hosts"
+    path.write_text(DEBIAN_HOSTS + f"127.0.0.1\t{name}\n127.0.0.2\t{name}\n")
+    if resolve_in(path, name) != ["127.0.0.1", "127.0.0.2"]:
+        pytest.skip(f"{name} does not resolve in that order here")
+    r2 = RedisServer(bind="127.0.0.2")
+    frozen = socket.socket()
+    try:
+        frozen.bind(("127.0.0.1", r2.port))
+        frozen.listen(64)       # the kernel completes handshakes; no reply
+        p = make_proxy("--store", pg_db.url, "--response-cache", "0",
+                       "--redis", f"redis://{name}:{r2.port}", hosts=path)
+        deadline = time.monotonic() + 10
+        i = 0
+        while r2.cmd("DBSIZE") == 0 and time.monotonic() < deadline:
+            r = keyed_post(p.port, f"frozen-{i}", b"{}")
+            assert r.status == 200, r
+            i += 1
+            time.sleep(0.2)
+        assert r2.cmd("DBSIZE") > 0, p.log()
+        assert "127.0.0.1: no answer in 2000 ms; trying 127.0.0.2" in \
+            p.log(), p.log()
+    finally:
+        frozen.close()
+        r2.shutdown()
