@@ -81,7 +81,8 @@ enum tls_error {
 	X(connections,          "Open client connections.") \
 	X(upstream_connections, "Open connections to the upstream, busy or idle.") \
 	X(in_flight,            "Keyed requests this process is executing upstream.") \
-	X(sweep_lag_seconds,    "How long after expiry the oldest record of the last sweep batch was deleted.") \
+	X(sweep_lag_seconds,    "How late retention is: seconds since the oldest partition still kept ended, or since the oldest record of the last sweep batch expired (an unpartitioned table).") \
+	X(store_partitions,     "Partitions of the PostgreSQL table (0: not partitioned, or not known yet).") \
 	X(response_cache_bytes, "Bytes held by the in-process response cache.") \
 	X(response_cache_entries, "Completed responses held by the in-process response cache.") \
 	X(store_up,             "1 while the idempotency store is reachable (what /readyz asks), else 0.")
@@ -92,7 +93,8 @@ enum tls_error {
 	X(response_cache_hits_total, "Replays answered from the in-process response cache.") \
 	X(completion_retries_total, "Completion or release writes retried after a store error.") \
 	X(completion_failures_total, "Completions or releases given up; the lease resolves the key.") \
-	X(sweep_deleted_total,     "Expired records deleted by the sweeper.") \
+	X(sweep_deleted_total,     "Expired records deleted by the sweeper (an unpartitioned table).") \
+	X(sweep_partitions_dropped_total, "Partitions of expired records dropped.") \
 	X(store_unacknowledged_commits_total, "Store operations whose commit PostgreSQL made without the synchronous standby's acknowledgement (a cancelled wait); each was written again.") \
 	X(tls_handshakes_total,    "Client TLS handshakes completed.") \
 	X(tls_resumed_total,       "Client TLS handshakes that resumed a session.") \

@@ -33,6 +33,7 @@
 #include "store_cache.h"
 #include "store_memory.h"
 #include "store_pg.h"
+#include "units.h"
 #include "store_redis.h"
 #include "tls.h"
 #include "upstream.h"
@@ -300,7 +301,7 @@ static struct store *open_store(const struct config *cfg)
 
 	if (strcmp(cfg->store, "memory") == 0)
 		return store_memory_new(cfg->memory_max_bytes, NULL);
-	s = pg = store_pg_new(cfg->store, cfg->store_connections);
+	s = pg = store_pg_new(cfg->store, cfg->store_connections, cfg->ttl_ms);
 	if (s != NULL && cfg->redis != NULL) {
 		/* the fast path in front of PostgreSQL; takes the inner store */
 		s = cfg->redis_master != NULL ?
@@ -472,6 +473,8 @@ fail:
 static int migrate(int argc, char **argv)
 {
 	const char *store = getenv("IDEMPROXY_STORE");
+	const char *ttl = getenv("IDEMPROXY_TTL");
+	uint64_t ttl_ms = 24ULL * 3600 * 1000;
 	char err[512];
 
 	for (int i = 2; i < argc; i++) {
@@ -479,12 +482,21 @@ static int migrate(int argc, char **argv)
 			store = argv[++i];
 		else if (strncmp(argv[i], "--store=", 8) == 0)
 			store = argv[i] + 8;
+		else if (strcmp(argv[i], "--ttl") == 0 && i + 1 < argc)
+			ttl = argv[++i];
+		else if (strncmp(argv[i], "--ttl=", 6) == 0)
+			ttl = argv[i] + 6;
 		else {
 			fprintf(stderr, "idemproxy migrate: unexpected argument \"%s\" "
-				"(usage: idemproxy migrate --store postgres://...)\n",
-				argv[i]);
+				"(usage: idemproxy migrate --store postgres://... "
+				"[--ttl DUR])\n", argv[i]);
 			return 2;
 		}
+	}
+	if (ttl != NULL && (units_parse_duration(ttl, &ttl_ms) < 0 ||
+			    ttl_ms == 0)) {
+		fprintf(stderr, "idemproxy migrate: bad --ttl \"%s\"\n", ttl);
+		return 2;
 	}
 	if (store == NULL || (strncmp(store, "postgres://", 11) != 0 &&
 			      strncmp(store, "postgresql://", 13) != 0)) {
@@ -492,7 +504,7 @@ static int migrate(int argc, char **argv)
 			"(the memory store has no schema)\n");
 		return 2;
 	}
-	if (store_pg_migrate(store, err, sizeof(err)) < 0) {
+	if (store_pg_migrate(store, ttl_ms, err, sizeof(err)) < 0) {
 		fprintf(stderr, "idemproxy migrate: %s\n", err);
 		return 1;
 	}

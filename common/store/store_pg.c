@@ -51,118 +51,37 @@
 #include "clock.h"
 #include "log.h"
 #include "metrics.h"
+#include "siphash.h"
 
 #define PG_LOCK_MIGRATE "7165310201"	/* advisory lock keys */
 #define PG_LOCK_SWEEP "7165310202"
 
 /*
- * Idempotent, and cheap once done: a catalog check takes no table lock, so
- * every new connection can run it. Creators serialise on an advisory lock;
- * one that still finds the table created meanwhile (its catalog view can
- * lag the lock) swallows the duplicate error. Two instances starting
- * together never fail or deadlock.
- */
-const char store_pg_schema_sql[] =
-	"SET client_min_messages = warning;\n"
-	"DO $migrate$ BEGIN\n"
-	"IF to_regclass('idempotency_keys') IS NULL THEN\n"
-	"  PERFORM pg_advisory_xact_lock(" PG_LOCK_MIGRATE ");\n"
-	"  IF to_regclass('idempotency_keys') IS NULL THEN\n"
-	"    CREATE TABLE idempotency_keys (\n"
-	"      scope        text        NOT NULL,\n"
-	"      key          text        NOT NULL,\n"
-	"      fingerprint  bytea       NOT NULL,\n"
-	"      state        text        NOT NULL,\n"
-	"      owner        text,\n"
-	"      lease_until  timestamptz,\n"
-	"      status       int,\n"
-	"      headers      bytea,\n"
-	"      body         bytea,\n"
-	"      created_at   timestamptz NOT NULL DEFAULT now(),\n"
-	"      expires_at   timestamptz NOT NULL,\n"
-	"      PRIMARY KEY (scope, key)\n"
-	"    );\n"
-	"    CREATE INDEX idempotency_keys_expires_at_idx\n"
-	"      ON idempotency_keys (expires_at);\n"
-	"  END IF;\n"
-	"END IF;\n"
-	"EXCEPTION WHEN duplicate_table OR duplicate_object OR unique_violation THEN\n"
-	"  NULL;  -- created meanwhile by another instance\n"
-	"END $migrate$;\n";
-
-/*
- * $1 scope, $2 key, $3 fingerprint, $4 owner, $5 lease ms, $6 ttl ms.
+ * $1 scope, $2 key, $3 fingerprint, $4 owner, $5 lease ms, $6 ttl ms, $7
+ * the key's lock (pg_lock_id()). idemproxy_claim3 (store_pg_schema.c):
  *
  * Read first, write only when needed: a replay, an in-flight duplicate
  * or a mismatch reads the row and nothing else (no lock, no transaction
  * id, no WAL, no flush at commit). A new key is inserted; an expired
  * record, or one whose lease ran out with the same fingerprint, is taken
- * over. A row this owner already holds (an earlier attempt of this very
- * claim committed, but its outcome was lost with the connection) is
- * reported won again: a claim can be re-sent until its outcome is known.
- * That row is written again (`own`, its lease unchanged), never only read:
- * the earlier commit may be one PostgreSQL made visible without the
- * synchronous standby's acknowledgement (a cancelled wait, a connection
- * cut during it). A transaction that writes waits for the standby, and
- * its commit comes after the earlier one in the WAL, so its acknowledged
- * commit is what proves the claim will survive a failover.
+ * over - both after the key's advisory lock and a second read. A row this
+ * owner already holds (an earlier attempt of this very claim committed,
+ * but its outcome was lost with the connection) is reported won again: a
+ * claim can be re-sent until its outcome is known. That row is written
+ * again, never only read: the earlier commit may be one PostgreSQL made
+ * visible without the synchronous standby's acknowledgement (a cancelled
+ * wait, a connection cut during it). A transaction that writes waits for
+ * the standby, and its commit comes after the earlier one in the WAL, so
+ * its acknowledged commit is what proves the claim will survive a
+ * failover.
  *
- * One row: ('won'), or the existing record as the statement's snapshot saw
- * it. No row: the record changed under the statement (inserted or taken
- * over meanwhile); claim again.
+ * One row: ('won'), or the existing record as the function saw it. No
+ * row: the record changed under it (taken over or completed meanwhile);
+ * claim again.
  */
 const char store_pg_claim_sql[] =
-	"WITH cur AS (\n"
-	"  SELECT k.state, k.fingerprint, k.status, k.headers, k.body, k.owner,\n"
-	"         k.expires_at <= now() AS expired,\n"
-	"         (k.state = 'in_flight' AND k.lease_until <= now()) AS lapsed,\n"
-	"         greatest(0, extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS ttl_left\n"
-	"    FROM idempotency_keys k\n"
-	"   WHERE k.scope = $1 AND k.key = $2),\n"
-	"ins AS (\n"
-	"  INSERT INTO idempotency_keys\n"
-	"    (scope, key, fingerprint, state, owner, lease_until, expires_at)\n"
-	"  SELECT $1, $2, $3, 'in_flight', $4,\n"
-	"         now() + $5 * interval '1 millisecond',\n"
-	"         now() + greatest($5, $6) * interval '1 millisecond'\n"
-	"   WHERE NOT EXISTS (SELECT 1 FROM cur)\n"
-	"  ON CONFLICT (scope, key) DO NOTHING\n"
-	"  RETURNING 1),\n"
-	"tko AS (\n"
-	"  UPDATE idempotency_keys k\n"
-	"     SET fingerprint = $3, state = 'in_flight', owner = $4,\n"
-	"         lease_until = now() + $5 * interval '1 millisecond',\n"
-	"         status = NULL, headers = NULL, body = NULL, created_at = now(),\n"
-	"         expires_at = now() + greatest($5, $6) * interval '1 millisecond'\n"
-	"   WHERE k.scope = $1 AND k.key = $2\n"
-	"     AND EXISTS (SELECT 1 FROM cur WHERE cur.owner IS DISTINCT FROM $4\n"
-	"                   AND (cur.expired OR (cur.lapsed AND cur.fingerprint = $3)))\n"
-	"     AND k.owner IS DISTINCT FROM $4\n"
-	"     AND (k.expires_at <= now()\n"
-	"          OR (k.state = 'in_flight' AND k.lease_until <= now()\n"
-	"              AND k.fingerprint = $3))\n"
-	"  RETURNING 1),\n"
-	"own AS (\n"
-	"  UPDATE idempotency_keys k SET lease_until = k.lease_until\n"
-	"   WHERE k.scope = $1 AND k.key = $2 AND k.owner = $4\n"
-	"     AND k.state = 'in_flight'\n"
-	"     AND EXISTS (SELECT 1 FROM cur WHERE cur.owner = $4\n"
-	"                   AND cur.state = 'in_flight')\n"
-	"  RETURNING 1)\n"
-	"SELECT 'won'::text, NULL::bytea, NULL::int, NULL::bytea, NULL::bytea,\n"
-	"       NULL::bigint\n"
-	"  FROM ins\n"
-	"UNION ALL\n"
-	"SELECT 'won', NULL, NULL, NULL, NULL, NULL FROM tko\n"
-	"UNION ALL\n"
-	"SELECT CASE WHEN cur.owner = $4 AND cur.state = 'in_flight'\n"
-	"            THEN 'won' ELSE cur.state END,\n"
-	"       cur.fingerprint, cur.status, cur.headers, cur.body, cur.ttl_left\n"
-	"  FROM cur\n"
-	" WHERE NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM tko)\n"
-	"   AND (cur.owner = $4 OR NOT (cur.expired OR (cur.lapsed AND cur.fingerprint = $3)))\n"
-	"   AND (cur.owner IS DISTINCT FROM $4 OR cur.state <> 'in_flight'\n"
-	"        OR EXISTS (SELECT 1 FROM own))";
+	"SELECT state, fingerprint, status, headers, body, ttl_left\n"
+	"  FROM idemproxy_claim3($1, $2, $3, $4, $5, $6, $7)";
 
 /*
  * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
@@ -188,7 +107,9 @@ const char store_pg_complete_sql[] =
 	"         body = CASE WHEN state = 'in_flight' THEN $6 ELSE body END,\n"
 	"         expires_at = CASE WHEN state = 'in_flight'\n"
 	"                      THEN now() + $7 * interval '1 millisecond'\n"
-	"                      ELSE expires_at END,\n"
+	"                      ELSE expires_at END,\n"	"         part_at = CASE WHEN state = 'in_flight'\n"
+	"                          AND part_at > '-infinity'\n"
+	"                   THEN clock_timestamp() ELSE part_at END,\n"
 	"         state = 'completed', lease_until = NULL\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3\n"
 	"     AND state IN ('in_flight', 'completed')\n"
@@ -213,6 +134,8 @@ static const char release_sql[] =
 static const char extend_sql[] =
 	"UPDATE idempotency_keys\n"
 	"   SET lease_until = now() + $4 * interval '1 millisecond',\n"
+	"       part_at = CASE WHEN part_at > '-infinity'\n"
+	"                 THEN clock_timestamp() ELSE part_at END,\n"
 	"       expires_at = greatest(expires_at,\n"
 	"                             now() + $4 * interval '1 millisecond')\n"
 	" WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'";
@@ -253,12 +176,16 @@ static const char purge_sql[] =
 	"  FROM pg_notify('idemproxy', $1 || ':' || $2) AS wake,\n"
 	"       pg_notify('idemproxy', 'purge:' || $1 || ':' || $2) AS forget";
 
-/* One instance at a time (advisory lock), a batch, no long locks. */
+/* A table of an earlier version (not partitioned): expired rows, deleted
+ * one instance at a time (advisory lock), a batch, no long locks. A
+ * partitioned table is kept by store_pg_parts.c instead. */
 static const char sweep_sql[] =
 	"WITH lock AS (SELECT pg_try_advisory_xact_lock(" PG_LOCK_SWEEP ") AS ok),\n"
 	"victims AS (\n"
 	"  SELECT ctid FROM idempotency_keys\n"
 	"   WHERE expires_at <= now() AND (SELECT ok FROM lock)\n"
+	"     AND (SELECT relkind FROM pg_class\n"
+	"           WHERE oid = 'idempotency_keys'::regclass) = 'r'\n"
 	"   LIMIT $1 FOR UPDATE SKIP LOCKED),\n"
 	"d AS (DELETE FROM idempotency_keys\n"
 	"       WHERE ctid IN (SELECT ctid FROM victims) RETURNING expires_at)\n"
@@ -553,11 +480,23 @@ void pg_op_committed(struct pg_op *o)
 	pg_op_finish(o, STORE_ERROR);
 }
 
+int64_t pg_lock_id(const struct store_key *k)
+{
+	static const char lock_key[] = "idemproxy-lock-1";	/* 16 bytes */
+	char buf[sizeof(k->scope) + sizeof(k->key)];
+	size_t a = strlen(k->scope), b = strlen(k->key);
+
+	memcpy(buf, k->scope, a);
+	buf[a] = '\0';
+	memcpy(buf + a + 1, k->key, b);
+	return (int64_t)siphash24((const uint8_t *)lock_key, buf, a + 1 + b);
+}
+
 /* Queue o's statement in the pipeline. Text parameters except the binary
  * ones (fingerprint, headers, body); results in binary. */
 int pg_send_op(struct pg_conn *c, struct pg_op *o)
 {
-	char lease[24], ttl[24], status[16], batch[16];
+	char lease[24], ttl[24], status[16], batch[16], lock[24];
 	const char *v[7];
 	int len[7] = { 0 }, fmt[7] = { 0 };
 	int n = 0;
@@ -566,10 +505,11 @@ int pg_send_op(struct pg_conn *c, struct pg_op *o)
 	case PG_CLAIM:
 		snprintf(lease, sizeof(lease), "%llu", (unsigned long long)o->lease_ms);
 		snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)o->ttl_ms);
+		snprintf(lock, sizeof(lock), "%lld", (long long)pg_lock_id(&o->key));
 		v[0] = o->key.scope; v[1] = o->key.key;
 		v[2] = (const char *)o->fp; len[2] = FP_LEN; fmt[2] = 1;
-		v[3] = o->owner; v[4] = lease; v[5] = ttl;
-		n = 6;
+		v[3] = o->owner; v[4] = lease; v[5] = ttl; v[6] = lock;
+		n = 7;
 		break;
 	case PG_COMPLETE:
 		snprintf(status, sizeof(status), "%d", o->resp->status);
@@ -765,6 +705,8 @@ static void pg_sweep(struct store *st, struct event_base *base)
 	struct pg_local *l = pg_local_for(s, base);
 	struct pg_op *o;
 
+	if (s->parts == NULL)	/* this thread keeps the partitions */
+		s->parts = pg_parts_start(s, base);
 	if (l == NULL || l->sweeping || l->up == 0)
 		return;
 	o = pg_op_new(s, base, PG_SWEEP, NULL, NULL, NULL);
@@ -806,12 +748,17 @@ static void pg_thread_done(struct store *st, struct event_base *base)
 	pthread_mutex_unlock(&s->mu);
 	if (l != NULL)
 		pg_local_free(l);
+	if (s->parts != NULL && pg_parts_base(s->parts) == base) {
+		pg_parts_free(s->parts);
+		s->parts = NULL;
+	}
 }
 
 static void pg_free(struct store *st)
 {
 	struct pg_store *s = (struct pg_store *)st;
 
+	pg_parts_free(s->parts);
 	while (s->locals != NULL) {
 		struct pg_local *l = s->locals;
 
@@ -851,15 +798,17 @@ void store_pg_on_notify(struct store *st, store_pg_notify_fn fn, void *arg)
 	s->notify_arg = arg;
 }
 
-struct store *store_pg_new(const char *conninfo, int conns_per_thread)
+struct store *store_pg_new(const char *conninfo, int conns_per_thread,
+			   uint64_t ttl_ms)
 {
 	struct pg_store *s = calloc(1, sizeof(*s));
-	char err[256];
+	char err[256], *schema;
 
 	if (s == NULL)
 		return NULL;
 	s->base.ops = &pg_ops_table;
 	s->conns_per_thread = conns_per_thread > 0 ? conns_per_thread : 2;
+	s->part_width_ms = pg_part_width(ttl_ms);
 	s->conninfo = strdup(conninfo);
 	if (pg_hosts_parse(&s->hosts, conninfo, err, sizeof(err)) < 0) {
 		log_error("%s", err);
@@ -867,18 +816,22 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread)
 		free(s);
 		return NULL;
 	}
-	if (asprintf(&s->setup_sql, "%s"
-		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint) AS %s;\n"
+	schema = store_pg_schema_sql();
+	if (schema == NULL || asprintf(&s->setup_sql, "%s"
+		     "SELECT idemproxy_parts_ensure(%llu);\n"
+		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint) AS %s;\n"
 		     "PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint) AS %s;\n"
 		     "PREPARE idem_release (text, text, text) AS %s;\n"
 		     "PREPARE idem_extend (text, text, text, bigint) AS %s;\n"
 		     "PREPARE idem_sweep (int) AS %s;\n"
 		     "PREPARE idem_inspect (text, text, boolean) AS %s;\n"
 		     "PREPARE idem_purge (text, text) AS %s;\n",
-		     store_pg_schema_sql, store_pg_claim_sql, store_pg_complete_sql,
+		     schema, (unsigned long long)s->part_width_ms,
+		     store_pg_claim_sql, store_pg_complete_sql,
 		     release_sql, extend_sql, sweep_sql, inspect_sql,
 		     purge_sql) < 0)
 		s->setup_sql = NULL;
+	free(schema);
 	s->dns = pg_dns_new(&s->hosts);
 	if (s->conninfo == NULL || s->setup_sql == NULL || s->dns == NULL) {
 		pg_dns_free(s->dns);
@@ -920,21 +873,29 @@ static PGconn *connect_primary(const char *conninfo, char *err, size_t errlen)
 	return pg;
 }
 
-int store_pg_migrate(const char *conninfo, char *err, size_t errlen)
+int store_pg_migrate(const char *conninfo, uint64_t ttl_ms, char *err,
+		     size_t errlen)
 {
 	PGconn *pg = connect_primary(conninfo, err, errlen);
+	char *schema = store_pg_schema_sql();
 	PGresult *r;
-	int rc = 0;
+	int rc = -1;
 
-	if (pg == NULL)
-		return -1;
-	r = PQexec(pg, store_pg_schema_sql);
-	if (PQresultStatus(r) != PGRES_TUPLES_OK &&
-	    PQresultStatus(r) != PGRES_COMMAND_OK) {
-		snprintf(err, errlen, "migration failed: %s", PQerrorMessage(pg));
-		rc = -1;
+	if (pg == NULL || schema == NULL) {
+		if (schema == NULL)
+			snprintf(err, errlen, "out of memory");
+		goto out;
 	}
+	r = PQexec(pg, schema);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK &&
+	    PQresultStatus(r) != PGRES_COMMAND_OK)
+		snprintf(err, errlen, "migration failed: %s", PQerrorMessage(pg));
+	else
+		rc = pg_convert(pg, pg_part_width(ttl_ms), err, errlen);
 	PQclear(r);
-	PQfinish(pg);
+out:
+	free(schema);
+	if (pg != NULL)
+		PQfinish(pg);
 	return rc;
 }

@@ -20,7 +20,8 @@
 
 /* conninfo: a postgres:// URL or key=value string (libpq's);
  * conns_per_thread: statement connections per thread, opened on demand. */
-struct store *store_pg_new(const char *conninfo, int conns_per_thread);
+struct store *store_pg_new(const char *conninfo, int conns_per_thread,
+			   uint64_t ttl_ms);
 
 /*
  * What a listener connection saw, for a cache that must stay coherent:
@@ -42,13 +43,16 @@ void store_pg_on_notify(struct store *s, store_pg_notify_fn fn, void *arg);
 
 /*
  * Create or upgrade the schema with a blocking connection: for
- * `idemproxy migrate` only, never on an event loop. Returns 0, or -1 with
- * a message in err.
+ * `idemproxy migrate` only, never on an event loop. A table of an earlier
+ * version becomes the first partition of a partitioned one (new
+ * partitions cover ttl_ms / 8). Returns 0, or -1 with a message in err.
  */
-int store_pg_migrate(const char *conninfo, char *err, size_t errlen) MUSTCHECK;
+int store_pg_migrate(const char *conninfo, uint64_t ttl_ms, char *err,
+		     size_t errlen) MUSTCHECK;
 
-/* The SQL the store issues, for docs and benchmarks (pgbench). */
-extern const char store_pg_schema_sql[];
+/* The SQL the store issues, for docs and benchmarks (pgbench). The schema
+ * is malloc'ed (the caller frees it), NULL without memory. */
+char *store_pg_schema_sql(void);
 extern const char store_pg_claim_sql[];
 extern const char store_pg_complete_sql[];
 

@@ -436,16 +436,21 @@ static bool pg_ready(struct pg_conn *c, PGconn *pg)
 
 /* ---- several hosts: a probe per host ---------------------------------- */
 
+void pg_close_conn(PGconn **pg, struct event **io)
+{
+	if (*io != NULL) {
+		event_free(*io);
+		*io = NULL;
+	}
+	if (*pg != NULL) {
+		PQfinish(*pg);
+		*pg = NULL;
+	}
+}
+
 static void probe_stop(struct pg_probe *p)
 {
-	if (p->io != NULL) {
-		event_free(p->io);
-		p->io = NULL;
-	}
-	if (p->pg != NULL) {
-		PQfinish(p->pg);
-		p->pg = NULL;
-	}
+	pg_close_conn(&p->pg, &p->io);
 }
 
 static void probes_stop(struct pg_conn *c)
@@ -911,6 +916,38 @@ static void io_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+static int by_lock(const void *a, const void *b)
+{
+	int64_t x = pg_lock_id(&(*(struct pg_op *const *)a)->key);
+	int64_t y = pg_lock_id(&(*(struct pg_op *const *)b)->key);
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * Put the claims of batch first, in the order of their keys' locks: two
+ * batches then take the locks they share in the same order and never wait
+ * for each other (a claim holds its key's lock until the commit).
+ */
+static void order_claims(struct pg_ops *batch)
+{
+	struct pg_op *claims[PG_BATCH_MAX], *o, *next;
+	int n = 0;
+
+	for (o = TAILQ_FIRST(batch); o != NULL; o = next) {
+		next = TAILQ_NEXT(o, link);
+		if (o->kind == PG_CLAIM) {
+			TAILQ_REMOVE(batch, o, link);
+			claims[n++] = o;
+		}
+	}
+	qsort(claims, (size_t)n, sizeof(claims[0]), by_lock);
+	while (n > 0) {
+		o = claims[--n];	/* the macro uses its argument twice */
+		TAILQ_INSERT_HEAD(batch, o, link);
+	}
+}
+
 /*
  * Send one batch on idle connection c: what is queued, up to
  * PG_BATCH_MAX operations; an operation to be retried alone (or a sweep)
@@ -935,13 +972,15 @@ static void send_batch(struct pg_conn *c)
 		o->sent = true;
 		TAILQ_INSERT_TAIL(&c->batch, o, link);
 		n++;
+		if (alone)
+			break;
+	}
+	order_claims(&c->batch);
+	TAILQ_FOREACH(o, &c->batch, link)
 		if (pg_send_op(c, o) < 0) {
 			conn_fail(c, "send failed");
 			return;
 		}
-		if (alone)
-			break;
-	}
 	if (PQpipelineSync(c->pg) != 1) {
 		conn_fail(c, "send failed");
 		return;

@@ -153,6 +153,8 @@ struct pg_store {
 	char *conninfo;
 	struct pg_hosts hosts;		/* conninfo, by host */
 	struct pg_dns *dns;		/* their names, resolved off the loops */
+	uint64_t part_width_ms;		/* new partitions cover this long */
+	struct pg_parts *parts;		/* retention, on the sweeping thread */
 	atomic_int primary;		/* hosts index: where writes went last;
 					 * -1: not known yet */
 	atomic_bool failed[PG_HOSTS_MAX];	/* a connection to this host
@@ -188,10 +190,30 @@ struct store_op *pg_op_submit(struct pg_op *o);
 void pg_watch_add(struct pg_op *o);
 bool pg_may_serve(const struct pg_local *l);
 
+/* Close a connection and its socket event (either may be NULL). */
+void pg_close_conn(PGconn **pg, struct event **io);
+
+/* store_pg_parts.c: retention of the partitioned table, on base (the
+ * thread that sweeps); its own connection and timer. */
+#define PG_PART_MIN_MS 2000
+#define PG_PART_MAX_MS (6 * 3600 * 1000ULL)
+uint64_t pg_part_width(uint64_t ttl_ms);	/* ttl / 8, within bounds */
+struct pg_parts *pg_parts_start(struct pg_store *s, struct event_base *base);
+struct event_base *pg_parts_base(const struct pg_parts *p);
+void pg_parts_free(struct pg_parts *p);
+/* store_pg_schema.c: make a table of an earlier version (not partitioned)
+ * the first partition of a partitioned one; blocking (migrate only). */
+int pg_convert(PGconn *pg, uint64_t width_ms, char *err, size_t errlen);
+
 /* store_pg.c: what an operation means. */
 const char *pg_stmt_name(enum pg_kind kind);
 /* Queue o's statement in c's pipeline. 0 or -1. */
 int pg_send_op(struct pg_conn *c, struct pg_op *o);
+/* The advisory lock a claim of k takes before it inserts or takes over
+ * (idemproxy_claim3): SipHash-2-4 of "scope\0key" under a fixed key, the
+ * same in every instance sharing the table. Batches send their claims in
+ * its order, so that two batches never wait for each other's keys. */
+int64_t pg_lock_id(const struct store_key *k);
 /* o's batch committed: its held result is its outcome. */
 void pg_op_committed(struct pg_op *o);
 /* o's deadline passed without an outcome. */

@@ -7,6 +7,7 @@ SIGKILLs are started with `spawn_proxy` and ended with `proxy_kill`.
 """
 import concurrent.futures as cf
 import subprocess
+import re
 import threading
 import time
 
@@ -531,12 +532,16 @@ def test_sweeper_removes_expired_rows(make_proxy, pg_db, stub):
     for k in keys:
         assert post(p.port, k).status == 200
     assert pg_db.count() == 20
-    deadline = time.monotonic() + 6
+    # whole partitions go: a 1 s ttl gives 2 s partitions, each dropped
+    # one or two maintenance ticks (1 s) after it ended
+    deadline = time.monotonic() + 8
     while pg_db.count() > 0:
         assert time.monotonic() < deadline, pg_db.count()
         time.sleep(0.1)
     m = p.metrics()
-    assert (metric_value(m, "idemproxy_sweep_deleted_total") or 0) >= 20
+    assert (metric_value(m, "idemproxy_sweep_partitions_dropped_total")
+            or 0) >= 1
+    assert metric_value(m, "idemproxy_store_partitions") >= 2
     assert metric_value(m, "idemproxy_sweep_lag_seconds") is not None
     # a swept key is a new request
     r = post(p.port, keys[0])
@@ -561,19 +566,27 @@ def test_sweeper_never_removes_live_claim(make_proxy, pg_db, stub):
 
 
 def test_one_sweeper_across_instances(make_proxy, pg_db, stub):
-    """Two instances sweeping the same table delete each row once."""
+    """Two instances keeping the same table drop each partition once."""
     flags = ("--ttl", "1s", "--sweep-interval", "100ms")
     a = start_pg_proxy(make_proxy, pg_db, *flags, name="a")
     b = start_pg_proxy(make_proxy, pg_db, *flags, name="b")
     for i in range(30):
         assert post((a, b)[i % 2].port, newkey(f"s{i}")).status == 200
-    deadline = time.monotonic() + 6
+    deadline = time.monotonic() + 8
     while pg_db.count() > 0:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    total = sum(metric_value(p.metrics(), "idemproxy_sweep_deleted_total")
+    time.sleep(1.5)                     # the last drops are counted
+    total = sum(metric_value(p.metrics(),
+                             "idemproxy_sweep_partitions_dropped_total")
                 or 0 for p in (a, b))
-    assert total == 30, total
+    names = re.findall(r"partition (\S+) dropped", a.log() + b.log())
+    assert total >= 1 and total == len(names) == len(set(names)), names
+    # what is left is what the bookkeeping knows
+    tracked = pg_db.psql("select count(*) from idempotency_keys_parts")
+    attached = pg_db.psql("select count(*) from pg_inherits where "
+                          "inhparent = 'idempotency_keys'::regclass")
+    assert tracked == attached, (tracked, attached)
 
 
 # ------------------------------------------------ schema and migrate
@@ -587,6 +600,7 @@ SCHEMA = {
     "body": ("bytea", "YES"),
     "created_at": ("timestamp with time zone", "NO"),
     "expires_at": ("timestamp with time zone", "NO"),
+    "part_at": ("timestamp with time zone", "NO"),
 }
 
 
@@ -597,15 +611,20 @@ def check_schema(db):
     cols = {r.split("|")[0]: tuple(r.split("|")[1:]) for r in rows}
     for name, want in SCHEMA.items():
         assert cols.get(name) == want, (name, cols)
-    pk = db.psql("select string_agg(a.attname, ',' order by k.ord) from "
-                 "pg_index i, unnest(i.indkey) with ordinality k(att, ord), "
-                 "pg_attribute a where i.indrelid = 'idempotency_keys'::"
-                 "regclass and i.indisprimary and a.attrelid = i.indrelid "
-                 "and a.attnum = k.att")
-    assert pk == "scope,key", pk
-    idx = db.psql("select indexdef from pg_indexes where tablename = "
-                  "'idempotency_keys'")
-    assert "(expires_at)" in idx, idx
+    # partitioned by the time of the last write that made a record live;
+    # each partition keeps a key unique and is indexed by expiry
+    assert db.psql("select relkind from pg_class where oid = "
+                   "'idempotency_keys'::regclass") == "p"
+    assert db.psql("select pg_get_partkeydef('idempotency_keys'::regclass)"
+                   ) == "RANGE (part_at)"
+    parts = db.psql("select inhrelid::regclass from pg_inherits where "
+                    "inhparent = 'idempotency_keys'::regclass").split()
+    assert len(parts) >= 2, parts      # the current one and the next
+    for part in parts:
+        idx = db.psql("select indexdef from pg_indexes where tablename = "
+                      f"'{part}'")
+        assert "UNIQUE INDEX" in idx and "(scope, key)" in idx, idx
+        assert "(expires_at)" in idx, idx
 
 
 def test_migrate_empty_then_migrated(pg_db):
@@ -661,3 +680,86 @@ def test_instances_start_at_once_on_empty_database(spawn_proxy, pg_db, stub):
     assert executions(stub) == 1
     for p in ps:
         assert not log_problems(p.log()), p.log()
+
+
+# the table as versions before partitioning created it
+OLD_TABLE = """
+CREATE TABLE idempotency_keys (
+  scope text NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL,
+  state text NOT NULL, owner text, lease_until timestamptz, status int,
+  headers bytea, body bytea,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  expires_at timestamptz NOT NULL,
+  PRIMARY KEY (scope, key));
+CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
+"""
+
+
+def test_migrate_partitions_a_table_of_an_earlier_version(make_proxy, pg_db,
+                                                          stub):
+    """An earlier version's table: the new version works on it as it is
+    (swept row by row), then `idemproxy migrate` makes it the first
+    partition without copying a row. A completed record written before is
+    still replayed, a key in flight before is still protected, new keys
+    go to the new partitions, and the old table is dropped once nothing in
+    it lives."""
+    pg_db.psql(OLD_TABLE)
+    p = start_pg_proxy(make_proxy, pg_db, "--response-cache", "0", name="a")
+    done = newkey("before")
+    first = post(p.port, done)
+    assert first.status == 200
+    assert pg_db.psql("select relkind from pg_class where oid = "
+                      "'idempotency_keys'::regclass") == "r"
+    # a request in flight across the migration
+    slow = newkey("inflight")
+    with cf.ThreadPoolExecutor(1) as ex:
+        running = ex.submit(post, p.port, slow, "/orders?delay_ms=3000")
+        time.sleep(0.5)
+        r = migrate(pg_db.url)
+        assert r.returncode == 0, r
+        check_schema(pg_db)
+        assert pg_db.psql("select count(*) from pg_inherits where inhrelid "
+                          "= 'idempotency_keys_legacy'::regclass") == "1"
+        # the running instance follows the renamed table at once
+        again = post(p.port, done)
+        assert replayed(again) and again.body == first.body
+        # a duplicate waits for it (or is told 409), never executes
+        target = "/orders?delay_ms=3000"
+        q = start_pg_proxy(make_proxy, pg_db, "--response-cache", "0",
+                           name="b")
+        dups = [post(p.port, slow, target), post(q.port, slow, target)]
+        orig = running.result()
+        assert orig.status == 200
+    for d in dups:
+        assert d.status == 409 or (replayed(d) and d.body == orig.body), d
+    assert replayed(post(q.port, slow, target))
+    assert replayed(post(q.port, done))
+    fresh = newkey("after")
+    assert post(q.port, fresh).status == 200
+    assert replayed(post(p.port, fresh))
+    assert executions(stub) == 3
+    assert pg_db.psql("select tableoid::regclass from idempotency_keys "
+                      f"where key = '{fresh}'").startswith(
+                          "idempotency_keys_p2")
+    # migrate again: nothing to do
+    r = migrate(pg_db.url)
+    assert r.returncode == 0, r
+    assert pg_db.count() == 3
+
+
+def test_table_of_an_earlier_version_swept_row_by_row(make_proxy, pg_db,
+                                                      stub):
+    """Until it is migrated, an earlier version's table is kept as before:
+    expired rows deleted by the sweeper."""
+    pg_db.psql(OLD_TABLE)
+    p = start_pg_proxy(make_proxy, pg_db, "--ttl", "1s", "--sweep-interval",
+                       "200ms", name="a")
+    for i in range(10):
+        assert post(p.port, newkey(f"old{i}")).status == 200
+    deadline = time.monotonic() + 6
+    while pg_db.count() > 0:
+        assert time.monotonic() < deadline, pg_db.count()
+        time.sleep(0.1)
+    assert metric_value(p.metrics(), "idemproxy_sweep_deleted_total") >= 10
+    assert pg_db.psql("select relkind from pg_class where oid = "
+                      "'idempotency_keys'::regclass") == "r"

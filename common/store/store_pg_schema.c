@@ -1,0 +1,377 @@
+/*
+ * store_pg_schema.c - the PostgreSQL store's schema, and the conversion of
+ * an earlier version's table (see store_pg.h, docs/architecture.md
+ * "Retention by partition").
+ *
+ * The table is partitioned by part_at, the time of the write that last
+ * made a record live (an insert, a takeover, a completion, an extension:
+ * they all set it to its default, clock_timestamp()). A partition covers
+ * [lo, hi) of that clock; retention drops a whole partition once nothing
+ * in it can be served or still protects a request, moving the last few
+ * live records forward first (idemproxy_parts_plan, store_pg_parts.c).
+ *
+ * A key stays unique across partitions: PostgreSQL enforces (scope, key)
+ * only within each partition, so a claim that would insert or take over
+ * first takes a transaction-level advisory lock on the key and then reads
+ * again, in a statement whose snapshot is newer than the lock
+ * (idemproxy_claim3): two claims of one key are serialised whatever
+ * partition each would write, and at most one row of a key exists.
+ *
+ * A table of an earlier version (not partitioned) gets the part_at column
+ * with a constant default (no rewrite) and keeps working, swept row by row
+ * as before, until `idemproxy migrate` attaches it, as it is, as the first
+ * partition (store_pg_convert).
+ *
+ * Every connection runs the schema. It is idempotent and cheap once done:
+ * catalog checks that take no table lock; creators serialise on an
+ * advisory lock; one that still finds things created meanwhile swallows
+ * the duplicate error.
+ */
+#include "store_pg_priv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* In pieces: C compilers need not take longer literals. */
+static const char *const schema_parts[] = {
+	/* head */
+	"SET client_min_messages = warning;\n"
+	"DO $migrate$ BEGIN\n"
+	"IF to_regclass('idempotency_keys_parts') IS NULL\n"
+	"   OR to_regclass('idempotency_keys') IS NULL\n"
+	"   OR to_regprocedure('idemproxy_claim3(text,text,bytea,text,bigint,bigint,bigint)') IS NULL\n"
+	"   OR to_regprocedure('idemproxy_parts_plan(bigint)') IS NULL THEN\n"
+	"  PERFORM pg_advisory_xact_lock(7165310201);\n",
+	/* ensure */
+	"CREATE OR REPLACE FUNCTION idemproxy_parts_ensure(p_width_ms bigint)\n"
+	"RETURNS int LANGUAGE plpgsql AS $ens$\n"
+	"DECLARE\n"
+	"  w interval := greatest(p_width_ms, 1000) * interval '1 millisecond';\n"
+	"  last record;\n"
+	"  now_ts timestamptz := clock_timestamp();\n"
+	"  top timestamptz;\n"
+	"  hi timestamptz;\n"
+	"  name text;\n"
+	"  n int := 0;\n"
+	"BEGIN\n"
+	"  IF (SELECT relkind FROM pg_class\n"
+	"       WHERE oid = to_regclass('idempotency_keys')) IS DISTINCT FROM 'p' THEN\n"
+	"    RETURN 0;\n"
+	"  END IF;\n"
+	"  PERFORM pg_advisory_xact_lock(7165310203);\n"
+	"  SET LOCAL lock_timeout = '2s';\n"
+	"  SELECT p.lo, p.hi INTO last FROM idempotency_keys_parts p\n"
+	"   ORDER BY p.hi DESC LIMIT 1;\n"
+	"  top := last.hi;\n"
+	"  IF w IS NULL THEN\n"
+	"    -- a claim found no partition ahead: the width the last one had\n"
+	"    w := CASE WHEN last.lo > '-infinity' THEN last.hi - last.lo\n"
+	"              ELSE interval '1 hour' END;\n"
+	"  END IF;\n"
+	"  IF top IS NULL OR top < now_ts - w THEN\n"
+	"    -- no partition yet, or none for a while: start at the current bucket\n"
+	"    hi := to_timestamp(floor(extract(epoch FROM now_ts) * 1000 /\n"
+	"                             (extract(epoch FROM w) * 1000)) *\n"
+	"                       extract(epoch FROM w));\n"
+	"    IF top IS NULL THEN top := hi; END IF;\n"
+	"  ELSE\n"
+	"    hi := top + w;\n"
+	"  END IF;\n"
+	"  WHILE top < now_ts + 3 * w LOOP\n"
+	"    IF hi <= top THEN hi := top + w; END IF;\n"
+	"    name := 'idempotency_keys_p' ||\n"
+	"            to_char(top AT TIME ZONE 'UTC', 'YYYYMMDD\"t\"HH24MISSMS');\n"
+	"    EXECUTE format('CREATE TABLE %I (LIKE idempotency_keys INCLUDING DEFAULTS)', name);\n"
+	"    EXECUTE format('CREATE UNIQUE INDEX ON %I (scope, key)', name);\n"
+	"    EXECUTE format('CREATE INDEX ON %I (expires_at)', name);\n"
+	"    EXECUTE format('ALTER TABLE idempotency_keys ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)', name, top, hi);\n"
+	"    INSERT INTO idempotency_keys_parts (name, lo, hi) VALUES (name, top, hi);\n"
+	"    n := n + 1;\n"
+	"    top := hi;\n"
+	"    hi := top + w;\n"
+	"  END LOOP;\n"
+	"  RETURN n;\n"
+	"END $ens$;\n",
+	/* plan */
+	"-- What retention may do now, for the caller to carry out outside a\n"
+	"-- transaction: ('detach'|'finalize'|'drop', partition) rows, then one\n"
+	"-- ('stats', count, lag seconds) row.\n"
+	"CREATE OR REPLACE FUNCTION idemproxy_parts_plan(p_width_ms bigint)\n"
+	"RETURNS TABLE (action text, part text, n bigint) LANGUAGE plpgsql AS $plan$\n"
+	"DECLARE\n"
+	"  snap txid_snapshot := txid_current_snapshot();\n"
+	"  r record;\n"
+	"  live bigint;\n"
+	"  keep bigint;\n"
+	"  attached boolean;\n"
+	"  pending boolean;\n"
+	"  total bigint := 0;\n"
+	"  lag bigint := 0;\n"
+	"BEGIN\n"
+	"  IF (SELECT relkind FROM pg_class\n"
+	"       WHERE oid = to_regclass('idempotency_keys')) IS DISTINCT FROM 'p' THEN\n"
+	"    RETURN;\n"
+	"  END IF;\n"
+	"  PERFORM idemproxy_parts_ensure(p_width_ms);\n"
+	"  IF NOT pg_try_advisory_xact_lock(7165310202) THEN\n"
+	"    RETURN;\n"
+	"  END IF;\n"
+	"  SET LOCAL lock_timeout = '1s';\n"
+	"  FOR r IN SELECT * FROM idempotency_keys_parts ORDER BY hi LOOP\n"
+	"    total := total + 1;\n"
+	"    CONTINUE WHEN r.hi > clock_timestamp();\n"
+	"    SELECT true, i.inhdetachpending INTO attached, pending\n"
+	"      FROM pg_inherits i\n"
+	"     WHERE i.inhrelid = to_regclass(r.name)\n"
+	"       AND i.inhparent = 'idempotency_keys'::regclass;\n"
+	"    IF NOT FOUND THEN\n"
+	"      attached := false;\n"
+	"    END IF;\n"
+	"    IF attached AND pending THEN\n"
+	"      action := 'finalize'; part := r.name; n := NULL; RETURN NEXT;\n"
+	"      CONTINUE;\n"
+	"    ELSIF NOT attached THEN\n"
+	"      action := 'drop'; part := r.name; n := NULL; RETURN NEXT;\n"
+	"      CONTINUE;\n"
+	"    END IF;\n"
+	"    IF r.fence IS NULL THEN\n"
+	"      -- transactions under way may still write into it: wait for them\n"
+	"      UPDATE idempotency_keys_parts SET fence = txid_snapshot_xmax(snap)\n"
+	"       WHERE name = r.name;\n"
+	"      lag := greatest(lag, extract(epoch FROM now() - r.hi)::bigint);\n"
+	"      CONTINUE;\n"
+	"    END IF;\n"
+	"    IF txid_snapshot_xmin(snap) < r.fence THEN\n"
+	"      lag := greatest(lag, extract(epoch FROM now() - r.hi)::bigint);\n"
+	"      CONTINUE;\n"
+	"    END IF;\n"
+	"    SELECT least(10000, greatest(100, (c.reltuples * 0.05)::bigint)) INTO keep\n"
+	"      FROM pg_class c WHERE c.oid = to_regclass(r.name);\n"
+	"    EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %I '\n"
+	"                   'WHERE expires_at > now() LIMIT %s) x', r.name, keep + 1)\n"
+	"       INTO live;\n"
+	"    IF live > keep OR (live > 0 AND r.lo > '-infinity' AND\n"
+	"                       now() - r.hi < 8 * (r.hi - r.lo)) THEN\n"
+	"      CONTINUE;             -- still serving: its records expire first\n"
+	"    END IF;\n"
+	"    IF live > 0 THEN\n"
+	"      -- the last live records move to the current partition\n"
+	"      EXECUTE format('UPDATE idempotency_keys SET part_at = DEFAULT '\n"
+	"                     'WHERE tableoid = %L::regclass AND expires_at > now()',\n"
+	"                     r.name);\n"
+	"    END IF;\n"
+	"    lag := greatest(lag, extract(epoch FROM now() - r.hi)::bigint);\n"
+	"    action := 'detach'; part := r.name; n := live; RETURN NEXT;\n"
+	"  END LOOP;\n"
+	"  action := 'stats'; part := NULL; n := total; RETURN NEXT;\n"
+	"  action := 'lag'; part := NULL; n := lag; RETURN NEXT;\n"
+	"END $plan$;\n",
+	/* claim */
+	"CREATE OR REPLACE FUNCTION idemproxy_claim3(p_scope text, p_key text,\n"
+	"    p_fp bytea, p_owner text, p_lease bigint, p_ttl bigint, p_lock bigint)\n"
+	"RETURNS TABLE (state text, fingerprint bytea, status int, headers bytea,\n"
+	"               body bytea, ttl_left bigint)\n"
+	"LANGUAGE plpgsql AS $claim$\n"
+	"DECLARE\n"
+	"  c record;\n"
+	"  locked boolean := false;\n"
+	"  have boolean;\n"
+	"BEGIN\n"
+	"  LOOP\n"
+	"    SELECT k.state, k.fingerprint, k.status, k.headers, k.body, k.owner,\n"
+	"           k.expires_at <= now() AS expired,\n"
+	"           (k.state = 'in_flight' AND k.lease_until <= now()) AS lapsed,\n"
+	"           greatest(0, extract(epoch FROM k.expires_at - now()) * 1000)::bigint\n"
+	"             AS ttl_left\n"
+	"      INTO c\n"
+	"      FROM idempotency_keys k\n"
+	"     WHERE k.scope = p_scope AND k.key = p_key\n"
+	"     ORDER BY k.expires_at DESC\n"
+	"     LIMIT 1;\n"
+	"    have := FOUND;\n"
+	"    IF have AND c.owner = p_owner AND c.state = 'in_flight' THEN\n"
+	"      -- ours already (an earlier attempt committed): written again\n"
+	"      UPDATE idempotency_keys k SET lease_until = k.lease_until\n"
+	"       WHERE k.scope = p_scope AND k.key = p_key AND k.owner = p_owner\n"
+	"         AND k.state = 'in_flight';\n"
+	"      IF FOUND THEN\n"
+	"        RETURN QUERY SELECT 'won'::text, NULL::bytea, NULL::int, NULL::bytea,\n"
+	"                            NULL::bytea, NULL::bigint;\n"
+	"      END IF;\n"
+	"      RETURN;\n"
+	"    END IF;\n"
+	"    IF have AND NOT (c.owner IS DISTINCT FROM p_owner AND\n"
+	"                      (c.expired OR (c.lapsed AND c.fingerprint = p_fp))) THEN\n"
+	"      RETURN QUERY SELECT c.state, c.fingerprint, c.status, c.headers,\n"
+	"                          c.body, c.ttl_left;\n"
+	"      RETURN;\n"
+	"    END IF;\n"
+	"    -- a new key, or one to take over: one claim of a key at a time,\n"
+	"    -- then read it again (this statement's snapshot is older than the lock)\n"
+	"    EXIT WHEN locked;\n"
+	"    PERFORM pg_advisory_xact_lock(p_lock);\n"
+	"    locked := true;\n"
+	"  END LOOP;\n"
+	"  IF clock_timestamp() + interval '1 second' >=\n"
+	"     (SELECT max(p.hi) FROM idempotency_keys_parts p) THEN\n"
+	"    -- no maintenance lately: the partition this row needs, now\n"
+	"    PERFORM idemproxy_parts_ensure(NULL);\n"
+	"  END IF;\n"
+	"  IF NOT have THEN\n"
+	"    INSERT INTO idempotency_keys\n"
+	"      (scope, key, fingerprint, state, owner, lease_until, expires_at)\n"
+	"    VALUES (p_scope, p_key, p_fp, 'in_flight', p_owner,\n"
+	"            now() + p_lease * interval '1 millisecond',\n"
+	"            now() + greatest(p_lease, p_ttl) * interval '1 millisecond');\n"
+	"  ELSE\n"
+	"    UPDATE idempotency_keys k\n"
+	"       SET fingerprint = p_fp, state = 'in_flight', owner = p_owner,\n"
+	"           lease_until = now() + p_lease * interval '1 millisecond',\n"
+	"           status = NULL, headers = NULL, body = NULL, created_at = now(),\n"
+	"           expires_at = now() + greatest(p_lease, p_ttl) * interval '1 millisecond',\n"
+	"           part_at = DEFAULT\n"
+	"     WHERE k.scope = p_scope AND k.key = p_key\n"
+	"       AND k.owner IS DISTINCT FROM p_owner\n"
+	"       AND (k.expires_at <= now()\n"
+	"            OR (k.state = 'in_flight' AND k.lease_until <= now()\n"
+	"                AND k.fingerprint = p_fp));\n"
+	"    IF NOT FOUND THEN\n"
+	"      RETURN;                 -- changed meanwhile: claim again\n"
+	"    END IF;\n"
+	"  END IF;\n"
+	"  RETURN QUERY SELECT 'won'::text, NULL::bytea, NULL::int, NULL::bytea,\n"
+	"                      NULL::bytea, NULL::bigint;\n"
+	"END $claim$;\n",
+	/* tables */
+	"  CREATE TABLE IF NOT EXISTS idempotency_keys_parts (\n"
+	"    name   text        PRIMARY KEY,\n"
+	"    lo     timestamptz NOT NULL,\n"
+	"    hi     timestamptz NOT NULL,\n"
+	"    fence  bigint\n"
+	"  );\n"
+	"  IF to_regclass('idempotency_keys') IS NULL THEN\n"
+	"    CREATE TABLE idempotency_keys (\n"
+	"      scope        text        NOT NULL,\n"
+	"      key          text        NOT NULL,\n"
+	"      fingerprint  bytea       NOT NULL,\n"
+	"      state        text        NOT NULL,\n"
+	"      owner        text,\n"
+	"      lease_until  timestamptz,\n"
+	"      status       int,\n"
+	"      headers      bytea,\n"
+	"      body         bytea,\n"
+	"      created_at   timestamptz NOT NULL DEFAULT now(),\n"
+	"      expires_at   timestamptz NOT NULL,\n"
+	"      part_at      timestamptz NOT NULL DEFAULT clock_timestamp()\n"
+	"    ) PARTITION BY RANGE (part_at);\n"
+	"  ELSIF NOT EXISTS (SELECT 1 FROM pg_attribute\n"
+	"                     WHERE attrelid = 'idempotency_keys'::regclass\n"
+	"                       AND attname = 'part_at' AND NOT attisdropped) THEN\n"
+	"    -- a table of an earlier version: the column the statements set, with\n"
+	"    -- a constant default (no rewrite); idemproxy migrate partitions it\n"
+	"    SET LOCAL lock_timeout = '10s';\n"
+	"    ALTER TABLE idempotency_keys\n"
+	"      ADD COLUMN part_at timestamptz NOT NULL DEFAULT '-infinity';\n"
+	"  END IF;\n"
+	"END IF;\n"
+	"EXCEPTION WHEN duplicate_table OR duplicate_object OR unique_violation THEN\n"
+	"  NULL;  -- created meanwhile by another instance\n"
+	"END $migrate$;\n",
+};
+
+char *store_pg_schema_sql(void)
+{
+	size_t n = 1;
+	char *sql, *at;
+
+	for (size_t i = 0; i < sizeof(schema_parts) / sizeof(schema_parts[0]); i++)
+		n += strlen(schema_parts[i]);
+	sql = malloc(n);
+	if (sql == NULL)
+		return NULL;
+	at = sql;
+	for (size_t i = 0; i < sizeof(schema_parts) / sizeof(schema_parts[0]); i++) {
+		size_t len = strlen(schema_parts[i]);
+
+		memcpy(at, schema_parts[i], len);
+		at += len;
+	}
+	*at = '\0';
+	return sql;
+}
+
+/* Run sql alone; false with err set when it failed. */
+static bool run(PGconn *pg, const char *sql, char *err, size_t errlen)
+{
+	PGresult *r = PQexec(pg, sql);
+	bool ok = PQresultStatus(r) == PGRES_COMMAND_OK ||
+		  PQresultStatus(r) == PGRES_TUPLES_OK;
+
+	if (!ok)
+		snprintf(err, errlen, "%s", PQerrorMessage(pg));
+	PQclear(r);
+	return ok;
+}
+
+/*
+ * The table of an earlier version becomes, as it is, the partition of
+ * part_at from MINVALUE to now: no row is copied or rewritten. Every row
+ * of it has part_at '-infinity' - the column's default there, and writes
+ * keep it so (a completion or an extension moves part_at only when it is
+ * a time) - which a CHECK constraint proves (validated without blocking
+ * writes), so that ATTACH scans nothing. New records go to the new
+ * partitions at once; a record taken over moves there too; retention
+ * drops the old table like any other partition once nothing in it lives.
+ */
+int pg_convert(PGconn *pg, uint64_t width_ms, char *err, size_t errlen)
+{
+	char sql[1024], cut[64];
+	PGresult *r;
+
+	r = PQexec(pg, "SELECT relkind, to_char(date_trunc('second', "
+		   "clock_timestamp() + interval '1 second') AT TIME ZONE 'UTC', "
+		   "'YYYY-MM-DD HH24:MI:SS+00') FROM pg_class "
+		   "WHERE oid = 'idempotency_keys'::regclass");
+	if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
+		snprintf(err, errlen, "%s", PQerrorMessage(pg));
+		PQclear(r);
+		return -1;
+	}
+	if (strcmp(PQgetvalue(r, 0, 0), "p") == 0) {
+		PQclear(r);	/* partitioned already: the next partitions */
+		snprintf(sql, sizeof(sql), "SELECT idemproxy_parts_ensure(%llu)",
+			 (unsigned long long)width_ms);
+		return run(pg, sql, err, errlen) ? 0 : -1;
+	}
+	snprintf(cut, sizeof(cut), "%s", PQgetvalue(r, 0, 1));
+	PQclear(r);
+	snprintf(sql, sizeof(sql),
+		 "SET lock_timeout = '10s';"
+		 "ALTER TABLE idempotency_keys DROP CONSTRAINT IF EXISTS "
+		 "idempotency_keys_before_partitions;"
+		 "ALTER TABLE idempotency_keys ADD CONSTRAINT "
+		 "idempotency_keys_before_partitions CHECK (part_at < '%s') "
+		 "NOT VALID", cut);
+	if (!run(pg, sql, err, errlen) ||
+	    !run(pg, "ALTER TABLE idempotency_keys VALIDATE CONSTRAINT "
+		 "idempotency_keys_before_partitions", err, errlen))
+		return -1;
+	snprintf(sql, sizeof(sql),
+		 "BEGIN;"
+		 "ALTER TABLE idempotency_keys RENAME TO idempotency_keys_legacy;"
+		 "CREATE TABLE idempotency_keys (LIKE idempotency_keys_legacy "
+		 "INCLUDING DEFAULTS) PARTITION BY RANGE (part_at);"
+		 "ALTER TABLE idempotency_keys ALTER COLUMN part_at "
+		 "SET DEFAULT clock_timestamp();"
+		 "ALTER TABLE idempotency_keys ATTACH PARTITION "
+		 "idempotency_keys_legacy FOR VALUES FROM (MINVALUE) TO ('%s');"
+		 "INSERT INTO idempotency_keys_parts (name, lo, hi) VALUES "
+		 "('idempotency_keys_legacy', '-infinity', '%s');"
+		 "SELECT idemproxy_parts_ensure(%llu);"
+		 "COMMIT", cut, cut, (unsigned long long)width_ms);
+	if (!run(pg, sql, err, errlen)) {
+		PQclear(PQexec(pg, "ROLLBACK"));
+		return -1;
+	}
+	return 0;
+}
