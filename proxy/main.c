@@ -383,6 +383,9 @@ static int run(struct daemon *d)
 		struct timeval tv = clock_tv(cfg->sweep_interval_ms);
 
 		event_add(d->sweep, &tv);
+		/* at once too: PostgreSQL's partition maintenance starts here,
+		 * on its own timer */
+		store_sweep(d->store, d->base);
 	}
 	if (d->worker_done == NULL || d->sig_term == NULL || d->sig_int == NULL ||
 	    d->sig_hup == NULL || evsignal_add(d->sig_term, NULL) < 0 ||

@@ -1,0 +1,163 @@
+"""Retention by partition (issue 20): claims, completions, takeovers and
+purges racing partitions being created and dropped, records of different
+lifetimes sharing the table, and a crash in the middle of maintenance.
+
+The shortest partitions there are (2 s: --ttl 1s) make every race here
+happen within seconds: a partition is created ahead every 2 s, and one is
+dropped about as often.
+"""
+import concurrent.futures as cf
+import subprocess
+import time
+
+from support.procs import metric_value, wait_readyz
+from support.stores import PSQL_BIN
+from test_idempotency import ORDER, kreq, newkey, post, replayed
+from test_keys import TOKEN, admin, token_file  # noqa: F401 (fixture)
+from test_postgres import burst_split
+
+
+def start(make_proxy, db, *flags, name):
+    p = make_proxy("--store", db.url, "--response-cache", "0", *flags,
+                   name=name)
+    wait_readyz(p)
+    return p
+
+
+def execs(stub, key):
+    return stub.stats()["keys"].get(key, 0)
+
+
+def dropped(*proxies):
+    return sum(metric_value(p.metrics(),
+                            "idemproxy_sweep_partitions_dropped_total") or 0
+               for p in proxies)
+
+
+def duplicate_rows(db):
+    return db.psql("select key from idempotency_keys group by scope, key "
+                   "having count(*) > 1")
+
+
+def test_duplicates_across_partition_boundaries(make_proxy, pg_db, stub):
+    """Bursts of one key from 8 connections on two instances, one burst
+    every 250 ms for 7 s: several partitions begin and end meanwhile, and
+    each key still executes once and has one row."""
+    a = start(make_proxy, pg_db, "--ttl", "1s", name="a")
+    b = start(make_proxy, pg_db, "--ttl", "1s", name="b")
+    keys = []
+    deadline = time.monotonic() + 7
+    while time.monotonic() < deadline:
+        key = newkey("edge")
+        keys.append(key)
+        rs = burst_split([a.port, b.port], 8,
+                         kreq("POST", "/orders?delay_ms=50", key, ORDER))
+        assert all(r.status in (200, 409) for r in rs), rs
+        assert duplicate_rows(pg_db) == ""
+        time.sleep(0.25)
+    assert len(keys) >= 15
+    assert [k for k in keys if execs(stub, k) != 1] == []
+    assert dropped(a, b) >= 1
+
+
+def test_lifetimes_share_the_table(make_proxy, pg_db, stub, token_file):
+    """Instance a keeps 2 s partitions (--ttl 1s); b's records live 30 s
+    and its requests take 5 s. While partitions come and go: b's completed
+    record is still replayed from PostgreSQL (moved forward when its
+    partition goes), b's request in flight is still protected, a purge
+    during it all is honoured, and nothing executes twice."""
+    a = start(make_proxy, pg_db, "--ttl", "1s", name="a")
+    b = start(make_proxy, pg_db, "--ttl", "30s", "--admin-token-file",
+              token_file, name="b")
+    done = newkey("long")
+    first = post(b.port, done)
+    assert first.status == 200
+    slow = newkey("slow")
+    target = "/orders?delay_ms=5000"
+    with cf.ThreadPoolExecutor(2) as ex:
+        running = ex.submit(post, b.port, slow, target)
+        t0 = time.monotonic()
+        dup = None
+        while time.monotonic() - t0 < 9:
+            r = post(b.port, done)
+            assert replayed(r) and r.body == first.body, r
+            r = post(a.port, done)
+            assert replayed(r) and r.body == first.body, r
+            if dup is None and time.monotonic() - t0 > 2.5:
+                # after a partition or two went: still in flight
+                dup = ex.submit(post, a.port, slow, target)
+            time.sleep(0.3)
+        orig = running.result()
+        d = dup.result()
+    assert orig.status == 200
+    assert d.status == 409 or (replayed(d) and d.body == orig.body), d
+    assert replayed(post(a.port, slow, target))
+    assert execs(stub, done) == 1 and execs(stub, slow) == 1
+    assert dropped(a, b) >= 2
+    # the partitions the two records were written in are gone; they moved
+    parts = pg_db.psql("select tableoid::regclass from idempotency_keys "
+                       f"where key in ('{done}', '{slow}')").split()
+    assert len(parts) == 2
+    # a purge is honoured: the next request executes again, once
+    status, _, doc = admin(b, "DELETE", done, token=TOKEN)
+    assert status == 200, doc
+    again = post(a.port, done)
+    assert again.status == 200 and not replayed(again)
+    assert execs(stub, done) == 2
+    assert duplicate_rows(pg_db) == ""
+
+
+def test_crash_in_the_middle_of_a_detach(make_proxy, pg_db, pg_server,
+                                         stub):
+    """A query that started before a detach keeps it waiting (DETACH ...
+    CONCURRENTLY waits for every query that may still see the partition);
+    PostgreSQL crashes meanwhile. The partition stays marked as being
+    detached; after the restart maintenance finishes it (FINALIZE) and
+    drops it, and every record written before still replays."""
+    a = start(make_proxy, pg_db, "--ttl", "1s", name="a")
+    keep = newkey("keep")
+    b = start(make_proxy, pg_db, "--ttl", "60s", name="b")
+    first = post(b.port, keep)
+    assert first.status == 200
+    # an open transaction that has seen the table holds back every detach
+    holder = subprocess.Popen(
+        [PSQL_BIN, "-h", "127.0.0.1", "-p", str(pg_server.port), "-U",
+         "postgres", "-d", pg_db.name, "-X", "-q"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, text=True)
+    try:
+        holder.stdin.write("begin; select count(*) from idempotency_keys;\n")
+        holder.stdin.flush()
+        deadline = time.monotonic() + 20
+        pending = "0"
+        while pending == "0" and time.monotonic() < deadline:
+            pending = pg_db.psql("select count(*) from pg_inherits where "
+                                 "inhdetachpending")
+            time.sleep(0.2)
+        assert pending != "0", a.log()
+        pg_server.crash()
+    finally:
+        holder.kill()
+        holder.wait()
+    pg_server.start()
+    # maintenance finishes what the crash cut
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if pg_db.psql("select count(*) from pg_inherits where "
+                      "inhdetachpending") == "0":
+            break
+        time.sleep(0.2)
+    assert pg_db.psql("select count(*) from pg_inherits where "
+                      "inhdetachpending") == "0", a.log()
+    tracked = pg_db.psql("select count(*) from idempotency_keys_parts")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = post(b.port, keep)
+        if r.status == 200:
+            break
+        time.sleep(0.2)
+    assert replayed(r) and r.body == first.body, r
+    assert execs(stub, keep) == 1
+    attached = pg_db.psql("select count(*) from pg_inherits where "
+                          "inhparent = 'idempotency_keys'::regclass")
+    assert int(tracked) >= int(attached) - 1, (tracked, attached)
