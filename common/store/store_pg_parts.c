@@ -39,6 +39,7 @@
 #define PARTS_TICK_MIN_MS 500
 #define PARTS_TICK_MAX_MS 10000
 #define PARTS_STEPS_MAX 32		/* partitions dropped in one round */
+#define PARTS_LOCK_MS 5000		/* the longest a step waits */
 
 enum pp_state {
 	PP_DOWN,
@@ -134,10 +135,14 @@ static void pp_send(struct pg_parts *p, const char *sql)
 
 static void pp_plan(struct pg_parts *p)
 {
-	char sql[128];
+	char sql[160];
 
-	snprintf(sql, sizeof(sql), "SELECT action, part, n FROM "
-		 "idemproxy_parts_plan(%llu)",
+	/* lock_timeout bounds a detach's wait for old queries too: one
+	 * still running (a pg_dump) leaves the partition pending, to be
+	 * finished later, instead of holding the table's SHARE UPDATE
+	 * EXCLUSIVE lock - which creating the next partitions needs */
+	snprintf(sql, sizeof(sql), "SET lock_timeout = '%d'; SELECT action, "
+		 "part, n FROM idemproxy_parts_plan(%llu)", PARTS_LOCK_MS,
 		 (unsigned long long)p->s->part_width_ms);
 	p->state = PP_PLAN;
 	p->nsteps = 0;

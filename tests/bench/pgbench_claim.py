@@ -7,14 +7,15 @@ idemproxy's PostgreSQL store, taken from common/store/store_pg.c
     pgbench -n -M prepared -f claim.sql -D scope= -D fp='\\x..' ... DB
 
 The store prepares them as
-    PREPARE idem_claim (text, text, bytea, text, bigint, bigint)
+    PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint)
     PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint)
 pgbench cannot give types to its parameters, so each $n becomes
 CAST(:var AS type) with the type of that PREPARE: the same statement, the
 same plan. A pgbench transaction is one claim and one complete, each its
 own implicit transaction (2 round trips, 2 commits), as idemproxy sends
 them for a new key. Variables: :k (key) and :o (owner) are random per
-transaction (\\set); scope, fp, lease, ttl, status, headers and body come
+transaction (\\set; the key, a number, is also the claim's lock id); scope,
+fp, lease, ttl, status, headers and body come
 from -D (keyed.sh takes headers and body from a row idemproxy stored;
 scope is "-" there: pgbench cannot define an empty variable, idemproxy's
 default scope is the empty string).
@@ -30,8 +31,8 @@ import re
 import sys
 
 NOTIFY = re.compile(r",\s*pg_notify\('idemproxy',\s*\$1\s*\|\|\s*':'\s*\|\|\s*\$2\)")
-CLAIM = ["scope", "k", "fp", "o", "lease", "ttl"]
-CLAIM_T = ["text", "text", "bytea", "text", "bigint", "bigint"]
+CLAIM = ["scope", "k", "fp", "o", "lease", "ttl", "k"]
+CLAIM_T = ["text", "text", "bytea", "text", "bigint", "bigint", "bigint"]
 COMPLETE = ["scope", "k", "o", "status", "headers", "body", "ttl"]
 COMPLETE_T = ["text", "text", "text", "int", "bytea", "bytea", "bigint"]
 

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""A day of keys in minutes (issue 20): unique keys at full speed through
+idemproxy into PostgreSQL 15 (fsync on, synchronous_commit on), --ttl 15s,
+every other setting at its default, for DURATION seconds; every 10 s it
+prints req/s, the table's size with its indexes, live and dead rows and
+partitions. Then WAL bytes and commits per key over the steady part.
+
+    tests/bench/retention.py [partitioned|legacy ...]
+
+  partitioned  the table as idemproxy creates it now (retention by
+               dropping partitions)
+  legacy       the table of earlier versions (created by hand first), kept
+               by the row-by-row sweeper, for comparison
+
+Environment: DURATION=180 (s), CONNS=32 (wrk -c), TTL=15s, WORKERS=1.
+Not a test: prints figures and the goals' checks (size at the end <= 1.2x
+the size at ttl + 30 s; req/s over the last third >= 0.95x the first 10 s).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+
+from support.procs import free_port  # noqa: E402
+from support.stores import PgServer  # noqa: E402
+
+ROOT = os.path.join(HERE, "..", "..")
+BIN = os.environ.get("IDEMPROXY_BIN",
+                     os.path.join(ROOT, "build", "proxy", "idemproxy"))
+STUB = os.environ.get("STUB_UPSTREAM_BIN",
+                      os.path.join(ROOT, "build", "tests", "support",
+                                   "stub_upstream"))
+DURATION = int(os.environ.get("DURATION", "180"))
+CONNS = int(os.environ.get("CONNS", "32"))
+TTL = os.environ.get("TTL", "15s")
+WORKERS = os.environ.get("WORKERS", "1")
+SLICE = 10
+
+OLD_TABLE = """
+CREATE TABLE idempotency_keys (
+  scope text NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL,
+  state text NOT NULL, owner text, lease_until timestamptz, status int,
+  headers bytea, body bytea,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  expires_at timestamptz NOT NULL,
+  PRIMARY KEY (scope, key));
+CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
+"""
+
+SIZE = """
+SELECT coalesce(sum(pg_total_relation_size(relid)), 0),
+       coalesce(sum(s.n_live_tup), 0), coalesce(sum(s.n_dead_tup), 0),
+       count(*) FILTER (WHERE t.isleaf)
+  FROM pg_partition_tree('idempotency_keys') t
+  LEFT JOIN pg_stat_user_tables s USING (relid)
+"""
+COUNTERS = """
+SELECT (SELECT wal_bytes FROM pg_stat_wal),
+       (SELECT xact_commit FROM pg_stat_database WHERE datname = 'bench')
+"""
+
+
+def wrk(port, seconds):
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{CONNS}", f"-d{seconds}s", "-s",
+         os.path.join(HERE, "keyed_unique.lua"),
+         f"http://127.0.0.1:{port}/orders"],
+        capture_output=True, text=True, check=True).stdout
+    reqs = int(re.search(r"(\d+) requests in", out).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return reqs, int(non2xx.group(1)) if non2xx else 0
+
+
+def run(layout):
+    pg = PgServer()
+    tmp = tempfile.mkdtemp(prefix="iret")
+    procs = []
+    try:
+        # a benchmark pays for durability: fsync on
+        pg.psql("ALTER SYSTEM SET fsync = on")
+        pg.psql("ALTER SYSTEM SET full_page_writes = on")
+        pg.stop()
+        pg.start()
+        pg.psql("CREATE DATABASE bench")
+        if layout == "legacy":
+            pg.psql(OLD_TABLE, db="bench")
+        stub_port, port = free_port(), free_port()
+        procs.append(subprocess.Popen(
+            [STUB, "--listen", f"127.0.0.1:{stub_port}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        log = open(os.path.join(tmp, "idemproxy.log"), "wb")
+        procs.append(subprocess.Popen(
+            [BIN, "--upstream", f"http://127.0.0.1:{stub_port}",
+             "--listen", f"127.0.0.1:{port}", "--admin-listen",
+             f"127.0.0.1:{free_port()}", "--workers", WORKERS,
+             "--store", pg.url("bench"), "--ttl", TTL],
+            stdout=log, stderr=log))
+        time.sleep(2)
+        print(f"== {layout}: --ttl {TTL}, wrk -c{CONNS}, {DURATION} s")
+        print(f"{'t':>5} {'req/s':>8} {'MiB':>8} {'live':>9} {'dead':>9} "
+              f"{'parts':>5}")
+        rows = []
+        base = None
+        t = 0
+        while t < DURATION:
+            reqs, bad = wrk(port, SLICE)
+            t += SLICE
+            size, live, dead, parts = (int(x) for x in pg.psql(
+                SIZE, db="bench").split("|"))
+            wal, commits = (int(float(x)) for x in pg.psql(
+                COUNTERS, db="bench").split("|"))
+            rows.append((t, reqs / SLICE, size, live, dead, parts, wal,
+                         commits, reqs))
+            print(f"{t:5d} {reqs / SLICE:8.0f} {size / 2**20:8.1f} "
+                  f"{live:9d} {dead:9d} {parts:5d}"
+                  + (f"  ({bad} non-2xx)" if bad else ""), flush=True)
+            if base is None and t >= 30:
+                base = rows[-1]
+        first = rows[0][1]
+        third = rows[len(rows) * 2 // 3:]
+        last = sum(r[1] for r in third) / len(third)
+        ttl_s = int(re.match(r"(\d+)", TTL).group(1))
+        at = next((r for r in rows if r[0] >= ttl_s + 30), rows[-1])
+        end = rows[-1]
+        base = base or rows[0]
+        keys = sum(r[8] for r in rows if r[0] > base[0])
+        wal_per = (end[6] - base[6]) / keys if keys else 0
+        commits_per = (end[7] - base[7]) / keys if keys else 0
+        print(f"throughput: first 10 s {first:.0f} req/s, last third "
+              f"{last:.0f} req/s: {last / first:.2f}x (goal >= 0.95x)")
+        print(f"size: at {at[0]} s {at[2] / 2**20:.1f} MiB, at the end "
+              f"{end[2] / 2**20:.1f} MiB: {end[2] / at[2]:.2f}x "
+              f"(goal <= 1.2x)")
+        print(f"per key after {base[0]} s: {wal_per:.0f} WAL bytes, "
+              f"{commits_per:.2f} commits")
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            p.wait()
+        pg.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main():
+    for layout in sys.argv[1:] or ["partitioned", "legacy"]:
+        run(layout)
+
+
+if __name__ == "__main__":
+    main()
