@@ -67,6 +67,7 @@ struct pg_parts {
 	int nsteps, at;
 	bool step_failed;
 	bool forgot;			/* the step's DELETE removed the entry */
+	bool replan;			/* the plan failed: reconnect */
 };
 
 static void pp_io_cb(evutil_socket_t fd, short what, void *arg);
@@ -231,6 +232,11 @@ static void pp_read(struct pg_parts *p)
 	}
 	while (!PQisBusy(p->pg)) {
 		r = PQgetResult(p->pg);
+		if (r == NULL && p->replan) {
+			p->replan = false;
+			pp_close(p);
+			return;
+		}
 		if (r == NULL) {
 			pp_next(p);
 			return;
@@ -251,6 +257,10 @@ static void pp_read(struct pg_parts *p)
 			log_info("postgres store: partition maintenance: %s",
 				 PQresultErrorMessage(r));
 			p->step_failed = true;
+			/* a plan that failed (a read-only server: the primary
+			 * moved) is made again on a new connection */
+			if (p->state == PP_PLAN)
+				p->replan = true;
 			break;
 		}
 		PQclear(r);

@@ -240,6 +240,9 @@ def test_purge_rewritten_after_a_cancelled_wait_reports_the_record(
     assert keyed_post(p.port, "purge-1").status == 200
     private_pg.psql("alter system set synchronous_standby_names = 'ghost'")
     private_pg.psql("select pg_reload_conf()")
+    # the postmaster passes SIGHUP on to the backends asynchronously: a
+    # command read before a backend got it would not wait
+    time.sleep(1)
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         purge = ex.submit(admin, p, "DELETE", "purge-1", token=TOKEN)
         deadline = time.monotonic() + 10
