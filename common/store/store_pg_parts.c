@@ -156,7 +156,7 @@ static void pp_plan(struct pg_parts *p)
 static void add_steps(struct pg_parts *p, const char *action,
 		      const char *part)
 {
-	char *id;
+	char *id, *lit;
 	struct pp_step *st;
 
 	if (p->nsteps + 2 > (int)(sizeof(p->steps) / sizeof(p->steps[0])) ||
@@ -164,8 +164,12 @@ static void add_steps(struct pg_parts *p, const char *action,
 	    strlen(part) >= sizeof(st->part))
 		return;
 	id = PQescapeIdentifier(p->pg, part, strlen(part));
-	if (id == NULL)
+	lit = PQescapeLiteral(p->pg, part, strlen(part));
+	if (id == NULL || lit == NULL) {
+		PQfreemem(id);
+		PQfreemem(lit);
 		return;
+	}
 	if (strcmp(action, "detach") == 0 || strcmp(action, "finalize") == 0) {
 		st = &p->steps[p->nsteps++];
 		snprintf(st->sql, sizeof(st->sql), "ALTER TABLE idempotency_keys "
@@ -176,10 +180,11 @@ static void add_steps(struct pg_parts *p, const char *action,
 	}
 	st = &p->steps[p->nsteps++];
 	snprintf(st->sql, sizeof(st->sql), "DROP TABLE IF EXISTS %s; DELETE "
-		 "FROM idempotency_keys_parts WHERE name = '%s'", id, part);
+		 "FROM idempotency_keys_parts WHERE name = %s", id, lit);
 	snprintf(st->part, sizeof(st->part), "%s", part);
 	st->drops = true;
 	PQfreemem(id);
+	PQfreemem(lit);
 }
 
 static void plan_result(struct pg_parts *p, const PGresult *r)
@@ -286,6 +291,7 @@ static void pp_io_cb(evutil_socket_t fd, short what, void *arg)
 					 "connected");
 			p->failing = false;
 			p->state = PP_IDLE;
+			PQsetnonblocking(p->pg, 1);
 			event_del(p->io);
 			pp_plan(p);
 			return;

@@ -54,11 +54,12 @@ CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
 """
 
 SIZE = """
-SELECT coalesce(sum(pg_total_relation_size(relid)), 0),
+SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0),
        coalesce(sum(s.n_live_tup), 0), coalesce(sum(s.n_dead_tup), 0),
-       count(*) FILTER (WHERE t.isleaf)
-  FROM pg_partition_tree('idempotency_keys') t
-  LEFT JOIN pg_stat_user_tables s USING (relid)
+       count(*) FILTER (WHERE c.relkind = 'r' AND c.relispartition)
+  FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+ WHERE c.relkind = 'r' AND c.relname LIKE 'idempotency\\_keys%'
+   AND c.relname <> 'idempotency_keys_parts'
 """
 COUNTERS = """
 SELECT (SELECT wal_bytes FROM pg_stat_wal),
