@@ -60,11 +60,13 @@
  * $1 scope, $2 key, $3 fingerprint, $4 owner, $5 lease ms, $6 ttl ms, $7
  * the key's lock (pg_lock_id()). idemproxy_claim3 (store_pg_schema.c):
  *
- * Read first, write only when needed: a replay, an in-flight duplicate
- * or a mismatch reads the row and nothing else (no lock, no transaction
+ * The key's advisory lock first (one claim of a key at a time, whatever
+ * partition each would write), then a read in a statement newer than the
+ * lock. Write only when needed: a replay, an in-flight duplicate or a
+ * mismatch reads the row and nothing else (no row lock, no transaction
  * id, no WAL, no flush at commit). A new key is inserted; an expired
  * record, or one whose lease ran out with the same fingerprint, is taken
- * over - both after the key's advisory lock and a second read. A row this
+ * over (moved to the current partition). A row this
  * owner already holds (an earlier attempt of this very claim committed,
  * but its outcome was lost with the connection) is reported won again: a
  * claim can be re-sent until its outcome is known. That row is written
