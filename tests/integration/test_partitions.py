@@ -143,6 +143,10 @@ def test_crash_in_the_middle_of_a_detach(make_proxy, pg_db, pg_server,
                                  "inhdetachpending")
             time.sleep(0.2)
         assert pending != "0", a.log()
+        # the held detach delays retention, never a claim
+        for i in range(5):
+            r = post(b.port, newkey(f"during-{i}"))
+            assert r.status == 200 and not replayed(r), r
         pg_server.crash()
     finally:
         holder.kill()
