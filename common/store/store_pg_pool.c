@@ -495,7 +495,6 @@ static void probe_arm(struct pg_probe *p, short what)
 static void probe_launch(struct pg_probe *p)
 {
 	const struct pg_hosts *h = &p->c->local->s->hosts;
-
 	const char **values;
 	char why[160];
 
@@ -619,14 +618,13 @@ static void probes_start(struct pg_conn *c)
 static void conn_start(struct pg_conn *c)
 {
 	const struct pg_hosts *h = &c->local->s->hosts;
+	const char **values;
+	char why[160];
 
 	if (h->probe) {
 		probes_start(c);
 		return;
 	}
-	const char **values;
-	char why[160];
-
 	c->host = 0;
 	values = pg_dns_values(c->local->s->dns, h, 0, why, sizeof(why));
 	if (values == NULL) {
