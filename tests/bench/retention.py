@@ -117,8 +117,6 @@ def run(layout):
                     "interval '1 day', t0 FROM (SELECT clock_timestamp() "
                     f"AS t0) t, generate_series(1, {PRELOAD}) g",
                     db="bench", timeout=3600)
-            pg.psql("VACUUM ANALYZE idempotency_keys", db="bench",
-                    timeout=3600)
             print(f"preloaded {PRELOAD} live records in "
                   f"{time.monotonic() - t0:.0f} s")
         print(f"== {layout}: --ttl {TTL}, wrk -c{CONNS}, {DURATION} s")
