@@ -507,7 +507,7 @@ int pg_send_op(struct pg_conn *c, struct pg_op *o)
 	case PG_CLAIM:
 		snprintf(lease, sizeof(lease), "%llu", (unsigned long long)o->lease_ms);
 		snprintf(ttl, sizeof(ttl), "%llu", (unsigned long long)o->ttl_ms);
-		snprintf(lock, sizeof(lock), "%lld", (long long)pg_lock_id(&o->key));
+		snprintf(lock, sizeof(lock), "%lld", (long long)o->lock);
 		v[0] = o->key.scope; v[1] = o->key.key;
 		v[2] = (const char *)o->fp; len[2] = FP_LEN; fmt[2] = 1;
 		v[3] = o->owner; v[4] = lease; v[5] = ttl; v[6] = lock;
@@ -569,6 +569,7 @@ static struct store_op *pg_claim(struct store *st, struct event_base *base,
 	memcpy(o->fp, c->fp, FP_LEN);
 	o->lease_ms = c->lease_ms;
 	o->ttl_ms = c->ttl_ms;
+	o->lock = pg_lock_id(&c->key);
 	if (store_new_owner(o->owner) < 0) {
 		pg_op_finish(o, STORE_ERROR);
 		return &o->op;

@@ -916,8 +916,8 @@ static void io_cb(evutil_socket_t fd, short what, void *arg)
 
 static int by_lock(const void *a, const void *b)
 {
-	int64_t x = pg_lock_id(&(*(struct pg_op *const *)a)->key);
-	int64_t y = pg_lock_id(&(*(struct pg_op *const *)b)->key);
+	int64_t x = (*(struct pg_op *const *)a)->lock;
+	int64_t y = (*(struct pg_op *const *)b)->lock;
 
 	return x < y ? -1 : x > y;
 }

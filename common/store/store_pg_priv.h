@@ -87,6 +87,7 @@ struct pg_op {
 	uint8_t fp[FP_LEN];
 	char owner[STORE_OWNER_LEN + 1];
 	uint64_t lease_ms, ttl_ms;
+	int64_t lock;			/* claim: pg_lock_id(&key), once */
 	struct stored_response *resp;
 	bool body;			/* inspect: the stored response too */
 };

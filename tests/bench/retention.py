@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 
 from support.procs import free_port  # noqa: E402
 from support.stores import PgServer  # noqa: E402
+from test_postgres import OLD_TABLE  # noqa: E402
 
 ROOT = os.path.join(HERE, "..", "..")
 BIN = os.environ.get("IDEMPROXY_BIN",
@@ -45,16 +46,6 @@ WORKERS = os.environ.get("WORKERS", "1")
 PRELOAD = int(os.environ.get("PRELOAD", "0"))
 SLICE = 10
 
-OLD_TABLE = """
-CREATE TABLE idempotency_keys (
-  scope text NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL,
-  state text NOT NULL, owner text, lease_until timestamptz, status int,
-  headers bytea, body bytea,
-  created_at timestamptz NOT NULL DEFAULT now(),
-  expires_at timestamptz NOT NULL,
-  PRIMARY KEY (scope, key));
-CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);
-"""
 
 SIZE = """
 SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0),

@@ -14,6 +14,7 @@ from support.procs import metric_value, wait_readyz
 from support.stores import PSQL_BIN
 from test_idempotency import ORDER, kreq, newkey, post, replayed
 from test_keys import TOKEN, admin, token_file  # noqa: F401 (fixture)
+from test_pg_outcomes import execs
 from test_postgres import burst_split
 
 
@@ -22,10 +23,6 @@ def start(make_proxy, db, *flags, name):
                    name=name)
     wait_readyz(p)
     return p
-
-
-def execs(stub, key):
-    return stub.stats()["keys"].get(key, 0)
 
 
 def dropped(*proxies):

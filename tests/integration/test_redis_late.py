@@ -20,6 +20,7 @@ from support.relay import Relay
 from support.stores import REDIS_BIN
 from test_idempotency import newkey, post, replayed
 from test_keys import TOKEN, admin, token_file  # noqa: F401 (fixture)
+from test_pg_outcomes import execs
 from test_redis import rkey, warm
 from test_redis_sentinel import (sentinel_setup,  # noqa: F401 (fixture)
                                  text, wait_for)
@@ -33,10 +34,6 @@ def relay(redis):
     r = Relay(redis.port)
     yield r
     r.close()
-
-
-def execs(stub, key):
-    return stub.stats()["keys"].get(key, 0)
 
 
 def start(make_proxy, pg_db, redis_url, token_file, *flags, name):
