@@ -97,8 +97,8 @@ struct idem {
 	struct event *timer;		/* WAIT: timeout; FORWARD: extend;
 					 * SETTLE: retry back-off */
 	uint64_t wait_start_ms;
-	char owner[STORE_OWNER_LEN + 1];
-	char marker_owner[STORE_OWNER_LEN + 1];	/* a marker we created */
+	char owner[STORE_HANDLE_MAX + 1];
+	char marker_owner[STORE_HANDLE_MAX + 1];	/* a marker we created */
 	int attempts;			/* failed settle writes */
 	int ext_failures;		/* failed extensions in a row */
 	uint64_t claim_sent_ms;		/* monotonic: the last claim call */

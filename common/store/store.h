@@ -28,7 +28,12 @@
 #include "fingerprint.h"
 #include "idemkey.h"
 
-#define STORE_OWNER_LEN 32	/* hex of 16 random bytes */
+#define STORE_OWNER_LEN 32	/* the fencing token: hex of 16 random bytes */
+/* What a won claim hands its caller to complete, release or extend with:
+ * the token, which a store may follow with '@' and what helps it find the
+ * record again (PostgreSQL: where its partitions begin, store_pg.c).
+ * Opaque to callers. */
+#define STORE_HANDLE_MAX (STORE_OWNER_LEN + 24)
 #define STORE_SCOPE_LEN 64	/* hex SHA-256, or "" */
 
 struct event_base;
@@ -106,8 +111,8 @@ struct store_record {
 
 struct store_result {
 	enum store_status status;
-	/* STORE_WON: the fencing token to complete or release with */
-	char owner[STORE_OWNER_LEN + 1];
+	/* STORE_WON: the handle to complete, release or extend with */
+	char owner[STORE_HANDLE_MAX + 1];
 	/* STORE_COMPLETED, and an inspect that asked for the body: a
 	 * reference handed to the callback, which must take its own with
 	 * stored_response_ref() to keep it */

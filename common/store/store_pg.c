@@ -57,8 +57,24 @@
 #define PG_LOCK_SWEEP "7165310202"
 
 /*
+ * An owner's statements (complete, release, extend) look for its row only
+ * in the partitions that can hold it. part_at never moves backwards
+ * (greatest() wherever it is written again), so the part hint its claim
+ * returned, a Unix ms just below the part_at the claim wrote, bounds it
+ * from below for as long as the owner holds the row, and every partition
+ * older than that is pruned when the statement starts (a generic plan:
+ * plan_cache_mode in the setup). Without it an UPDATE starts on every
+ * partition of the table. NULL (no hint: a row of an earlier version's
+ * table) looks everywhere. The hint travels in the handle the engine gets
+ * for a won claim: "<owner>@<hint>" (claim_result, take_handle).
+ */
+#define PART_SINCE(p) \
+	"part_at >= coalesce(timestamptz 'epoch' + " p "::bigint\n" \
+	"                             * interval '1 millisecond', '-infinity')"
+
+/*
  * $1 scope, $2 key, $3 fingerprint, $4 owner, $5 lease ms, $6 ttl ms, $7
- * the key's lock (pg_lock_id()). idemproxy_claim3 (store_pg_schema.c):
+ * the key's lock (pg_lock_id()). idemproxy_claim4 (store_pg_schema.c):
  *
  * The key's advisory lock first (one claim of a key at a time, whatever
  * partition each would write), then a read in a statement newer than the
@@ -77,20 +93,21 @@
  * its acknowledged commit is what proves the claim will survive a
  * failover.
  *
- * One row: ('won'), or the existing record as the function saw it. No
- * row: the record changed under it (taken over or completed meanwhile);
- * claim again.
+ * One row: ('won' and its part hint), or the existing record as the
+ * function saw it. No row: the record changed under it (taken over or
+ * completed meanwhile); claim again.
  */
 const char store_pg_claim_sql[] =
-	"SELECT state, fingerprint, status, headers, body, ttl_left\n"
-	"  FROM idemproxy_claim3($1, $2, $3, $4, $5, $6, $7)";
+	"SELECT state, fingerprint, status, headers, body, ttl_left, part_hint\n"
+	"  FROM idemproxy_claim4($1, $2, $3, $4, $5, $6, $7)";
 
 /*
  * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
- * stored), $7 ttl ms. One row ('completed', and a NOTIFY) when this owner
- * holds the key: in flight (the response is stored) or completed already
- * (a re-sent completion whose first attempt committed: the row is written
- * again, unchanged); no row when fenced. A completed row keeps its owner,
+ * stored), $7 ttl ms, $8 the claim's part hint. One row ('completed', and
+ * a NOTIFY) when this owner holds the key: in flight (the response is
+ * stored) or completed already (a re-sent completion whose first attempt
+ * committed: the row is written again, unchanged); no row when fenced. A
+ * completed row keeps its owner,
  * which is what makes the re-send recognisable.
  *
  * One UPDATE for both, never a read: the first attempt's commit may not
@@ -109,17 +126,20 @@ const char store_pg_complete_sql[] =
 	"         body = CASE WHEN state = 'in_flight' THEN $6 ELSE body END,\n"
 	"         expires_at = CASE WHEN state = 'in_flight'\n"
 	"                      THEN now() + $7 * interval '1 millisecond'\n"
-	"                      ELSE expires_at END,\n"	"         part_at = CASE WHEN state = 'in_flight'\n"
+	"                      ELSE expires_at END,\n"
+	"         part_at = CASE WHEN state = 'in_flight'\n"
 	"                          AND part_at > '-infinity'\n"
-	"                   THEN clock_timestamp() ELSE part_at END,\n"
+	"                   THEN greatest(part_at, clock_timestamp())\n"
+	"                   ELSE part_at END,\n"
 	"         state = 'completed', lease_until = NULL\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3\n"
-	"     AND state IN ('in_flight', 'completed')\n"
+	"     AND state IN ('in_flight', 'completed') AND " PART_SINCE("$8") "\n"
 	"  RETURNING 1)\n"
 	"SELECT 'completed'::text FROM u, pg_notify('idemproxy', $1 || ':' || $2)";
 
 /*
- * One row: 'released', or NULL when the record was not ours in flight.
+ * $1 scope, $2 key, $3 owner, $4 part hint. One row: 'released', or NULL
+ * when the record was not ours in flight.
  * txid_current() gives the transaction an id, so its commit is written and
  * waits for a synchronous standby even when nothing was deleted: a re-send
  * after an unacknowledged commit (which did delete) then confirms that one.
@@ -128,19 +148,23 @@ static const char release_sql[] =
 	"WITH d AS (\n"
 	"  DELETE FROM idempotency_keys\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
+	"     AND " PART_SINCE("$4") "\n"
 	"  RETURNING 1)\n"
 	"SELECT (SELECT 'released'::text\n"
 	"          FROM d, pg_notify('idemproxy', $1 || ':' || $2)),\n"
 	"       txid_current()";
 
+/* $1 scope, $2 key, $3 owner, $4 lease ms, $5 part hint. */
 static const char extend_sql[] =
 	"UPDATE idempotency_keys\n"
 	"   SET lease_until = now() + $4 * interval '1 millisecond',\n"
 	"       part_at = CASE WHEN part_at > '-infinity'\n"
-	"                 THEN clock_timestamp() ELSE part_at END,\n"
+	"                 THEN greatest(part_at, clock_timestamp())\n"
+	"                 ELSE part_at END,\n"
 	"       expires_at = greatest(expires_at,\n"
 	"                             now() + $4 * interval '1 millisecond')\n"
-	" WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'";
+	" WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
+	"   AND " PART_SINCE("$5");
 
 /*
  * $1 scope, $2 key, $3 with the stored head and body. A live record (an
@@ -321,7 +345,11 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 	state = PQgetvalue(r, 0, 0);
 	slen = PQgetlength(r, 0, 0);
 	if (slen == 3 && memcmp(state, "won", 3) == 0) {
-		memcpy(o->res.owner, o->owner, sizeof(o->owner));
+		if (PQgetisnull(r, 0, 6))
+			memcpy(o->res.owner, o->owner, sizeof(o->owner));
+		else
+			snprintf(o->res.owner, sizeof(o->res.owner), "%s@%lld",
+				 o->owner, (long long)get_int8(r, 0, 6));
 		if (o->cb == NULL) {
 			/* abandoned: nobody will execute it; give the key back
 			 * now rather than leave it stuck for a lease */
@@ -499,8 +527,9 @@ int64_t pg_lock_id(const struct store_key *k)
 int pg_send_op(struct pg_conn *c, struct pg_op *o)
 {
 	char lease[24], ttl[24], status[16], batch[16], lock[24];
-	const char *v[7];
-	int len[7] = { 0 }, fmt[7] = { 0 };
+	const char *v[8];
+	int len[8] = { 0 }, fmt[8] = { 0 };
+	const char *hint = o->hint[0] != '\0' ? o->hint : NULL;
 	int n = 0;
 
 	switch (o->kind) {
@@ -521,18 +550,19 @@ int pg_send_op(struct pg_conn *c, struct pg_op *o)
 		v[4] = o->resp->head; len[4] = (int)o->resp->head_len; fmt[4] = 1;
 		v[5] = o->resp->body_stored ? o->resp->body : NULL;
 		len[5] = (int)o->resp->body_len; fmt[5] = 1;
-		v[6] = ttl;
-		n = 7;
+		v[6] = ttl; v[7] = hint;
+		n = 8;
 		break;
 	case PG_RELEASE:
 		v[0] = o->key.scope; v[1] = o->key.key; v[2] = o->owner;
-		n = 3;
+		v[3] = hint;
+		n = 4;
 		break;
 	case PG_EXTEND:
 		snprintf(lease, sizeof(lease), "%llu", (unsigned long long)o->lease_ms);
 		v[0] = o->key.scope; v[1] = o->key.key; v[2] = o->owner;
-		v[3] = lease;
-		n = 4;
+		v[3] = lease; v[4] = hint;
+		n = 5;
 		break;
 	case PG_SWEEP:
 		snprintf(batch, sizeof(batch), "%d", PG_SWEEP_BATCH);
@@ -577,6 +607,27 @@ static struct store_op *pg_claim(struct store *st, struct event_base *base,
 	return pg_op_submit(o);
 }
 
+/* An owner op's handle: the owner token, and the claim's part hint when
+ * it came with one (claim_result). A hint that is not a number is left
+ * out: it only ever narrows where to look. */
+static void take_handle(struct pg_op *o, const char *handle)
+{
+	const char *at = strchr(handle, '@');
+	size_t n = at != NULL ? (size_t)(at - handle) : strlen(handle);
+	char *end;
+
+	if (n > STORE_OWNER_LEN)
+		n = STORE_OWNER_LEN;
+	memcpy(o->owner, handle, n);
+	o->owner[n] = '\0';
+	o->hint[0] = '\0';
+	if (at == NULL || at[1] == '\0' || strlen(at + 1) >= sizeof(o->hint))
+		return;
+	(void)strtoll(at + 1, &end, 10);
+	if (*end == '\0')
+		memcpy(o->hint, at + 1, strlen(at + 1) + 1);
+}
+
 static struct store_op *pg_complete(struct store *st, struct event_base *base,
 				    const struct store_key *k, const char *owner,
 				    const uint8_t fp[FP_LEN],
@@ -588,7 +639,7 @@ static struct store_op *pg_complete(struct store *st, struct event_base *base,
 
 	if (o == NULL)
 		return NULL;
-	snprintf(o->owner, sizeof(o->owner), "%s", owner);
+	take_handle(o, owner);
 	memcpy(o->fp, fp, FP_LEN);
 	o->resp = stored_response_ref(resp);
 	o->ttl_ms = ttl_ms;
@@ -604,7 +655,7 @@ static struct store_op *pg_release(struct store *st, struct event_base *base,
 
 	if (o == NULL)
 		return NULL;
-	snprintf(o->owner, sizeof(o->owner), "%s", owner);
+	take_handle(o, owner);
 	return pg_op_submit(o);
 }
 
@@ -617,7 +668,7 @@ static struct store_op *pg_extend(struct store *st, struct event_base *base,
 
 	if (o == NULL)
 		return NULL;
-	snprintf(o->owner, sizeof(o->owner), "%s", owner);
+	take_handle(o, owner);
 	o->lease_ms = lease_ms;
 	return pg_op_submit(o);
 }
@@ -822,10 +873,13 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 	schema = store_pg_schema_sql();
 	if (schema == NULL || asprintf(&s->setup_sql, "%s"
 		     "SELECT idemproxy_parts_ensure(%llu);\n"
+		     /* plans prune partitions when they start (PART_SINCE),
+		      * with no planning per statement */
+		     "SET plan_cache_mode = force_generic_plan;\n"
 		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint) AS %s;\n"
-		     "PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint) AS %s;\n"
-		     "PREPARE idem_release (text, text, text) AS %s;\n"
-		     "PREPARE idem_extend (text, text, text, bigint) AS %s;\n"
+		     "PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint, bigint) AS %s;\n"
+		     "PREPARE idem_release (text, text, text, bigint) AS %s;\n"
+		     "PREPARE idem_extend (text, text, text, bigint, bigint) AS %s;\n"
 		     "PREPARE idem_sweep (int) AS %s;\n"
 		     "PREPARE idem_inspect (text, text, boolean) AS %s;\n"
 		     "PREPARE idem_purge (text, text) AS %s;\n",

@@ -86,6 +86,8 @@ struct pg_op {
 	struct store_key key;
 	uint8_t fp[FP_LEN];
 	char owner[STORE_OWNER_LEN + 1];
+	char hint[24];			/* owner ops: the claim's part hint
+					 * (decimal Unix ms), "": none */
 	uint64_t lease_ms, ttl_ms;
 	int64_t lock;			/* claim: pg_lock_id(&key), once */
 	struct stored_response *resp;
@@ -198,7 +200,7 @@ void pg_close_conn(PGconn **pg, struct event **io);
  * thread that sweeps); its own connection and timer. */
 #define PG_PART_MIN_MS 2000
 #define PG_PART_MAX_MS (6 * 3600 * 1000ULL)
-uint64_t pg_part_width(uint64_t ttl_ms);	/* ttl / 8, within bounds */
+uint64_t pg_part_width(uint64_t ttl_ms);	/* ttl / 4, within bounds */
 struct pg_parts *pg_parts_start(struct pg_store *s, struct event_base *base);
 struct event_base *pg_parts_base(const struct pg_parts *p);
 void pg_parts_free(struct pg_parts *p);

@@ -33,11 +33,27 @@ import sys
 NOTIFY = re.compile(r",\s*pg_notify\('idemproxy',\s*\$1\s*\|\|\s*':'\s*\|\|\s*\$2\)")
 CLAIM = ["scope", "k", "fp", "o", "lease", "ttl", "k"]
 CLAIM_T = ["text", "text", "bytea", "text", "bigint", "bigint", "bigint"]
-COMPLETE = ["scope", "k", "o", "status", "headers", "body", "ttl"]
-COMPLETE_T = ["text", "text", "text", "int", "bytea", "bytea", "bigint"]
+COMPLETE = ["scope", "k", "o", "status", "headers", "body", "ttl",
+            "c_part_hint"]
+COMPLETE_T = ["text", "text", "text", "int", "bytea", "bytea", "bigint",
+              "bigint"]
+
+
+def expand_part_since(src):
+    """PART_SINCE("$n") in the statements: the macro's text around $n."""
+    m = re.search(r"#define PART_SINCE\(p\)((?:.*\\\n)*.*\n)", src)
+    if not m:
+        return src
+    toks = re.findall(r'"(?:[^"\\]|\\.)*"|\bp\b', m.group(1))
+    i = toks.index("p")
+    before = "".join(t[1:-1] for t in toks[:i])
+    after = "".join(t[1:-1] for t in toks[i + 1:])
+    return re.sub(r'PART_SINCE\("(\$\d+)"\)',
+                  lambda a: '"' + before + a.group(1) + after + '"', src)
 
 
 def c_string(src, name):
+    src = expand_part_since(src)
     m = re.search(r"const char " + name + r"\[\]\s*=\s*(.*?);\s*\n", src, re.S)
     if not m:
         sys.exit(f"pgbench_claim.py: {name} not found")
@@ -75,7 +91,12 @@ def main():
           + (" (--no-notify: pg_notify() dropped)" if no_notify else ""))
     print("\\set k random(1, 9000000000000000000)")
     print("\\set o random(1, 9000000000000000000)")
-    print(one(params(claim, CLAIM, CLAIM_T)) + ";")
+    # the completion names the claim's partition hint ($8): \\gset keeps
+    # the claim's columns as variables c_state ... c_part_hint
+    if "$8" in complete:
+        print(one(params(claim, CLAIM, CLAIM_T)) + " \\gset c_")
+    else:
+        print(one(params(claim, CLAIM, CLAIM_T)) + ";")
     print(one(params(complete, COMPLETE, COMPLETE_T)) + ";")
 
 

@@ -11,10 +11,14 @@ partitions. Then WAL bytes and commits per key over the steady part.
                dropping partitions)
   legacy       the table of earlier versions (created by hand first), kept
                by the row-by-row sweeper, for comparison
+  old          the previous version itself (OLD_BIN: its idemproxy binary)
+               on the fresh table it creates: the figure to beat
 
 Environment: DURATION=180 (s), CONNS=32 (wrk -c), TTL=15s, WORKERS=1,
 PRELOAD=0: live records (a day long, 200-byte bodies) loaded before the
-run with generate_series, for the big-table figure.
+run with generate_series, for the big-table figure. PSS=1: PostgreSQL
+with pg_stat_statements (nested statements too), and at the end the
+statements that took the most time, per key.
 Not a test: prints figures and the goals' checks (size at the end <= 1.2x
 the size at ttl + 30 s; req/s over the last third >= 0.95x the first 10 s).
 """
@@ -44,6 +48,7 @@ CONNS = int(os.environ.get("CONNS", "32"))
 TTL = os.environ.get("TTL", "15s")
 WORKERS = os.environ.get("WORKERS", "1")
 PRELOAD = int(os.environ.get("PRELOAD", "0"))
+PSS = os.environ.get("PSS", "") == "1"
 SLICE = 10
 
 
@@ -80,18 +85,27 @@ def run(layout):
         # a benchmark pays for durability: fsync on
         pg.psql("ALTER SYSTEM SET fsync = on")
         pg.psql("ALTER SYSTEM SET full_page_writes = on")
+        if PSS:
+            with open(os.path.join(pg.data, "postgresql.conf"), "a") as f:
+                f.write("shared_preload_libraries = 'pg_stat_statements'\n"
+                        "pg_stat_statements.track = 'all'\n")
         pg.stop()
         pg.start()
         pg.psql("CREATE DATABASE bench")
+        if PSS:
+            pg.psql("CREATE EXTENSION pg_stat_statements", db="bench")
         if layout == "legacy":
             pg.psql(OLD_TABLE, db="bench")
+        binary = BIN
+        if layout == "old":
+            binary = os.environ["OLD_BIN"]
         stub_port, port = free_port(), free_port()
         procs.append(subprocess.Popen(
             [STUB, "--listen", f"127.0.0.1:{stub_port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         log = open(os.path.join(tmp, "idemproxy.log"), "wb")
         procs.append(subprocess.Popen(
-            [BIN, "--upstream", f"http://127.0.0.1:{stub_port}",
+            [binary, "--upstream", f"http://127.0.0.1:{stub_port}",
              "--listen", f"127.0.0.1:{port}", "--admin-listen",
              f"127.0.0.1:{free_port()}", "--workers", WORKERS,
              "--store", pg.url("bench"), "--ttl", TTL],
@@ -147,6 +161,17 @@ def run(layout):
               f"(goal <= 1.2x)")
         print(f"per key after {base[0]} s: {wal_per:.0f} WAL bytes, "
               f"{commits_per:.2f} commits")
+        if PSS:
+            total = sum(r[8] for r in rows)
+            print(f"statements by time, per key ({total} keys): "
+                  "us/key calls/key us/call")
+            print(pg.psql(
+                "SELECT round(total_exec_time * 1000 / %d), "
+                "round(calls::numeric / %d, 2), "
+                "round((total_exec_time * 1000 / calls)::numeric, 1), "
+                "left(regexp_replace(query, '\\s+', ' ', 'g'), 90) "
+                "FROM pg_stat_statements ORDER BY total_exec_time DESC "
+                "LIMIT 14" % (total, total), db="bench"))
     finally:
         for p in reversed(procs):
             p.terminate()

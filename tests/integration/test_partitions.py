@@ -31,6 +31,19 @@ def dropped(*proxies):
                for p in proxies)
 
 
+def hold_open(server, db, sql):
+    """A psql session that runs sql and then stays, its transaction open,
+    until killed."""
+    p = subprocess.Popen(
+        [PSQL_BIN, "-h", "127.0.0.1", "-p", str(server.port), "-U",
+         "postgres", "-d", db.name, "-X", "-q"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, text=True)
+    p.stdin.write(sql + "\n")
+    p.stdin.flush()
+    return p
+
+
 def duplicate_rows(db):
     return db.psql("select key from idempotency_keys group by scope, key "
                    "having count(*) > 1")
@@ -125,14 +138,9 @@ def test_crash_in_the_middle_of_a_detach(make_proxy, pg_db, pg_server,
     first = post(b.port, keep)
     assert first.status == 200
     # an open transaction that has seen the table holds back every detach
-    holder = subprocess.Popen(
-        [PSQL_BIN, "-h", "127.0.0.1", "-p", str(pg_server.port), "-U",
-         "postgres", "-d", pg_db.name, "-X", "-q"],
-        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, text=True)
+    holder = hold_open(pg_server, pg_db,
+                       "begin; select count(*) from idempotency_keys;")
     try:
-        holder.stdin.write("begin; select count(*) from idempotency_keys;\n")
-        holder.stdin.flush()
         deadline = time.monotonic() + 20
         pending = "0"
         while pending == "0" and time.monotonic() < deadline:
@@ -170,3 +178,55 @@ def test_crash_in_the_middle_of_a_detach(make_proxy, pg_db, pg_server,
     attached = pg_db.psql("select count(*) from pg_inherits where "
                           "inhparent = 'idempotency_keys'::regclass")
     assert int(tracked) >= int(attached) - 1, (tracked, attached)
+
+
+PAST_PARTS = """
+DO $$
+DECLARE t0 timestamptz := (SELECT min(lo) FROM idempotency_keys_parts);
+        lo timestamptz; name text;
+BEGIN
+  FOR i IN 1..%d LOOP
+    lo := t0 - i * interval '2 seconds';
+    name := 'idempotency_keys_old' || i;
+    EXECUTE format('CREATE TABLE %%I (LIKE idempotency_keys INCLUDING DEFAULTS)', name);
+    EXECUTE format('CREATE UNIQUE INDEX ON %%I (scope, key)', name);
+    EXECUTE format('CREATE INDEX ON %%I (expires_at)', name);
+    EXECUTE format('ALTER TABLE idempotency_keys ATTACH PARTITION %%I '
+                   'FOR VALUES FROM (%%L) TO (%%L)', name, lo, lo + interval '2 seconds');
+    INSERT INTO idempotency_keys_parts (name, lo, hi)
+    VALUES (name, lo, lo + interval '2 seconds');
+  END LOOP;
+END $$;
+"""
+
+
+def test_partitions_pile_up_bounded(make_proxy, pg_db, pg_server, stub):
+    """A transaction left open holds back every drop; with 2-s partitions
+    a new one would follow every 2 s, and every claim reads them all. Once
+    24 are there, each new one spans as long as all the others: in 12 s
+    at most one more is made, and claims go on."""
+    a = start(make_proxy, pg_db, "--ttl", "1s", name="a")
+    pg_db.psql(PAST_PARTS % 30)
+    holder = hold_open(pg_server, pg_db, "begin; select txid_current(), "
+                       "count(*) from idempotency_keys;")
+    try:
+        time.sleep(1)
+        before = int(pg_db.psql("select count(*) from idempotency_keys_parts"))
+        assert before >= 30
+        keys = []
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            keys.append(newkey("pile"))
+            r = post(a.port, keys[-1])
+            assert r.status == 200 and not replayed(r), r
+            time.sleep(0.2)
+        after = int(pg_db.psql("select count(*) from idempotency_keys_parts"))
+        widest = float(pg_db.psql("select extract(epoch from max(hi - lo)) "
+                                  "from idempotency_keys_parts"))
+        assert after <= before + 1, (before, after, pg_db.psql(
+            "select name, lo, hi from idempotency_keys_parts order by lo"))
+        assert widest >= 60, widest
+        assert [k for k in keys if execs(stub, k) != 1] == []
+    finally:
+        holder.kill()
+        holder.wait()

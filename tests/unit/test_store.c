@@ -54,7 +54,7 @@ static double now_s(void)
 struct res {
 	_Atomic int calls;
 	enum store_status status;
-	char owner[STORE_OWNER_LEN + 1];
+	char owner[STORE_HANDLE_MAX + 1];
 	struct stored_response *resp;	/* our own reference */
 	struct event_base *stop;	/* loopbreak this base when called */
 	double at;			/* when called */
@@ -256,7 +256,7 @@ static void test_claim_table(void)
 	struct store_claim other = mkclaim("k1", 0xbb, 1000, 60000);
 	struct res r = { 0 };
 	struct stored_response *resp = resp_new(201, "created #1");
-	char owner[STORE_OWNER_LEN + 1];
+	char owner[STORE_HANDLE_MAX + 1];
 
 	is_str(s->ops->name, "memory", "backend name");
 	ok(store_ready(s), "memory store is always ready");
@@ -333,7 +333,7 @@ static void test_release(void)
 	struct store_claim c = mkclaim("rel", 1, 1000, 60000);
 	struct store_claim other = mkclaim("rel", 2, 1000, 60000);
 	struct res r = { 0 };
-	char owner[STORE_OWNER_LEN + 1];
+	char owner[STORE_HANDLE_MAX + 1];
 
 	is_int(do_claim(s, b, &c, &r, "release: claim"), STORE_WON, "claim WON");
 	memcpy(owner, r.owner, sizeof(owner));
@@ -360,7 +360,7 @@ static void test_lease_takeover(void)
 	struct store_claim other = mkclaim("lease", 8, 1000, 60000);
 	struct res r = { 0 };
 	struct stored_response *resp = resp_new(200, "late");
-	char old[STORE_OWNER_LEN + 1], cur[STORE_OWNER_LEN + 1];
+	char old[STORE_HANDLE_MAX + 1], cur[STORE_HANDLE_MAX + 1];
 
 	is_int(do_claim(s, b, &c, &r, "lease: claim"), STORE_WON, "claim WON");
 	memcpy(old, r.owner, sizeof(old));
@@ -434,7 +434,7 @@ static void test_ttl(void)
 	{
 		struct store_claim c1 = mkclaim("ttl2", 5, 1000, 3000);
 		struct store_claim c2 = mkclaim("ttl2", 6, 1000, 3000);
-		char owner[STORE_OWNER_LEN + 1];
+		char owner[STORE_HANDLE_MAX + 1];
 
 		is_int(do_claim(s, b, &c1, &r, "ttl2: claim"), STORE_WON,
 		       "claim WON");
@@ -457,7 +457,7 @@ static void test_ttl(void)
 	{
 		struct store_claim c1 = mkclaim("ttl3", 5, 3000, 1000);
 		struct store_claim c2 = mkclaim("ttl3", 6, 3000, 1000);
-		char owner[STORE_OWNER_LEN + 1];
+		char owner[STORE_HANDLE_MAX + 1];
 
 		is_int(do_claim(s, b, &c1, &r, "ttl3: claim"), STORE_WON,
 		       "claim WON (lease 3 s, ttl 1 s)");
@@ -575,7 +575,7 @@ static void test_watch(void)
 	struct store_claim c = mkclaim("w", 1, 60000, 600000);
 	struct res r = { 0 }, w = { 0 }, w2 = { 0 };
 	struct stored_response *resp = resp_new(200, "watched");
-	char owner[STORE_OWNER_LEN + 1];
+	char owner[STORE_HANDLE_MAX + 1];
 
 	watch(s, b, "nothing-here", &w, "watch: no record");
 	drain(b);
@@ -645,7 +645,7 @@ static void test_watch_lease_timeout(void)
 	struct store *s = store_memory_new(BIG, NULL);
 	struct store_claim c = mkclaim("lt", 1, 50, 600000);
 	struct res r = { 0 }, w = { 0 };
-	char old[STORE_OWNER_LEN + 1];
+	char old[STORE_HANDLE_MAX + 1];
 	double t0;
 
 	is_int(do_claim(s, b, &c, &r, "lease-timeout: claim"), STORE_WON,
@@ -675,7 +675,7 @@ struct peer {
 	pthread_t tid;
 	struct store *s;
 	const char *key;
-	char owner[STORE_OWNER_LEN + 1];
+	char owner[STORE_HANDLE_MAX + 1];
 	struct stored_response *resp;	/* NULL: release */
 	int delay_ms;
 	enum store_status status;
@@ -785,7 +785,7 @@ static void test_threads(void)
 	{
 		enum { N = 4 };
 		struct peer ws[N];
-		char owner[STORE_OWNER_LEN + 1];
+		char owner[STORE_HANDLE_MAX + 1];
 		int woke = 0, all_ready;
 
 		c = mkclaim("t-many", 1, 60000, 600000);
@@ -836,7 +836,7 @@ static void test_cancel(void)
 	struct stored_response *resp = resp_new(200, "cancelled");
 	struct store_op *op;
 	struct store_key k = mkkey("", "c");
-	char owner[STORE_OWNER_LEN + 1];
+	char owner[STORE_HANDLE_MAX + 1];
 
 	op = store_claim(s, b, &c, on_result, &x);
 	ok(op != NULL, "claim handle");
@@ -1167,7 +1167,7 @@ static void test_doubling(void)
 	struct store *s = store_memory_new(BIG, fake_clock);
 	struct stored_response *resp = resp_new(200, "moved");
 	struct store_memory_stats st;
-	static char owners[N][STORE_OWNER_LEN + 1];
+	static char owners[N][STORE_HANDLE_MAX + 1];
 	struct res r = { 0 };
 	char key[32];
 	int won = 0, lost = 0, doublings = 0, ops_while = 0, fenced = 0;

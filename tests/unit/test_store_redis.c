@@ -165,7 +165,7 @@ static unsigned long metric(const char *name)
 struct res {
 	int calls;
 	enum store_status status;
-	char owner[STORE_OWNER_LEN + 1];
+	char owner[STORE_HANDLE_MAX + 1];
 	struct stored_response *resp;
 	struct event_base *base;
 };
