@@ -68,13 +68,15 @@ SELECT (SELECT wal_bytes FROM pg_stat_wal),
 
 def wrk(port, seconds):
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{CONNS}", f"-d{seconds}s", "-s",
+        ["wrk", "-t1", f"-c{CONNS}", f"-d{seconds}s", "--latency", "-s",
          os.path.join(HERE, "keyed_unique.lua"),
          f"http://127.0.0.1:{port}/orders"],
         capture_output=True, text=True, check=True).stdout
     reqs = int(re.search(r"(\d+) requests in", out).group(1))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return reqs, int(non2xx.group(1)) if non2xx else 0
+    m = re.search(r"^\s*99%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    p99 = float(m.group(1)) * {"us": 0.001, "ms": 1, "s": 1000}[m.group(2)]
+    return reqs, int(non2xx.group(1)) if non2xx else 0, p99
 
 
 def run(layout):
@@ -125,22 +127,22 @@ def run(layout):
             print(f"preloaded {PRELOAD} live records in "
                   f"{time.monotonic() - t0:.0f} s")
         print(f"== {layout}: --ttl {TTL}, wrk -c{CONNS}, {DURATION} s")
-        print(f"{'t':>5} {'req/s':>8} {'MiB':>8} {'live':>9} {'dead':>9} "
-              f"{'parts':>5}")
+        print(f"{'t':>5} {'req/s':>8} {'p99 ms':>7} {'MiB':>8} {'live':>9} "
+              f"{'dead':>9} {'parts':>5}")
         rows = []
         base = None
         t = 0
         while t < DURATION:
-            reqs, bad = wrk(port, SLICE)
+            reqs, bad, p99 = wrk(port, SLICE)
             t += SLICE
             size, live, dead, parts = (int(x) for x in pg.psql(
                 SIZE, db="bench").split("|"))
             wal, commits = (int(float(x)) for x in pg.psql(
                 COUNTERS, db="bench").split("|"))
             rows.append((t, reqs / SLICE, size, live, dead, parts, wal,
-                         commits, reqs))
-            print(f"{t:5d} {reqs / SLICE:8.0f} {size / 2**20:8.1f} "
-                  f"{live:9d} {dead:9d} {parts:5d}"
+                         commits, reqs, p99))
+            print(f"{t:5d} {reqs / SLICE:8.0f} {p99:7.1f} "
+                  f"{size / 2**20:8.1f} {live:9d} {dead:9d} {parts:5d}"
                   + (f"  ({bad} non-2xx)" if bad else ""), flush=True)
             if base is None and t >= 30:
                 base = rows[-1]
@@ -155,10 +157,19 @@ def run(layout):
         wal_per = (end[6] - base[6]) / keys if keys else 0
         commits_per = (end[7] - base[7]) / keys if keys else 0
         print(f"throughput: first 10 s {first:.0f} req/s, last third "
-              f"{last:.0f} req/s: {last / first:.2f}x (goal >= 0.95x)")
+              f"{last:.0f} req/s: {last / first:.2f}x (goal >= 0.95x); "
+              f"p99 over the last third {max(r[9] for r in third):.1f} ms "
+              "(the worst 10 s)")
         print(f"size: at {at[0]} s {at[2] / 2**20:.1f} MiB, at the end "
               f"{end[2] / 2**20:.1f} MiB: {end[2] / at[2]:.2f}x "
               f"(goal <= 1.2x)")
+        # partitions go whole: the size is a saw (a partition's worth); its
+        # peaks show a trend that two points may not
+        early = [r[2] for r in rows if ttl_s <= r[0] <= ttl_s + 30]
+        if early:
+            print(f"size peaks: last third {max(r[2] for r in third) / 2**20:.1f}"
+                  f" MiB, ttl to ttl + 30 s {max(early) / 2**20:.1f} MiB: "
+                  f"{max(r[2] for r in third) / max(early):.2f}x")
         print(f"per key after {base[0]} s: {wal_per:.0f} WAL bytes, "
               f"{commits_per:.2f} commits")
         if PSS:
