@@ -66,6 +66,32 @@ SELECT (SELECT wal_bytes FROM pg_stat_wal),
 """
 
 
+def cpu_ms(pids):
+    """CPU time (user + system) so far of pids and their children that
+    are still running, in ms (PostgreSQL's backends are its children)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    kids, total = {}, 0
+    stats = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        rest = st[st.rindex(")") + 2:].split()
+        stats[int(d)] = rest
+        kids.setdefault(int(rest[1]), []).append(int(d))
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += int(stats[pid][11]) + int(stats[pid][12])
+            todo.extend(kids.get(pid, []))
+    return total * 1000 / tick
+
+
 def wrk(port, seconds):
     out = subprocess.run(
         ["wrk", "-t1", f"-c{CONNS}", f"-d{seconds}s", "--latency", "-s",
@@ -128,21 +154,28 @@ def run(layout):
                   f"{time.monotonic() - t0:.0f} s")
         print(f"== {layout}: --ttl {TTL}, wrk -c{CONNS}, {DURATION} s")
         print(f"{'t':>5} {'req/s':>8} {'p99 ms':>7} {'MiB':>8} {'live':>9} "
-              f"{'dead':>9} {'parts':>5}")
+              f"{'dead':>9} {'parts':>5} {'pg µs':>6} {'px µs':>6}")
+        print("      (pg µs, px µs: CPU time per key of PostgreSQL and of "
+              "idemproxy)")
         rows = []
         base = None
         t = 0
         while t < DURATION:
+            cpu0 = (cpu_ms([pg.postmaster_pid()]), cpu_ms([procs[1].pid]))
             reqs, bad, p99 = wrk(port, SLICE)
+            cpu1 = (cpu_ms([pg.postmaster_pid()]), cpu_ms([procs[1].pid]))
             t += SLICE
             size, live, dead, parts = (int(x) for x in pg.psql(
                 SIZE, db="bench").split("|"))
             wal, commits = (int(float(x)) for x in pg.psql(
                 COUNTERS, db="bench").split("|"))
+            pg_us = (cpu1[0] - cpu0[0]) * 1000 / max(reqs, 1)
+            px_us = (cpu1[1] - cpu0[1]) * 1000 / max(reqs, 1)
             rows.append((t, reqs / SLICE, size, live, dead, parts, wal,
-                         commits, reqs, p99))
+                         commits, reqs, p99, pg_us, px_us))
             print(f"{t:5d} {reqs / SLICE:8.0f} {p99:7.1f} "
-                  f"{size / 2**20:8.1f} {live:9d} {dead:9d} {parts:5d}"
+                  f"{size / 2**20:8.1f} {live:9d} {dead:9d} {parts:5d} "
+                  f"{pg_us:6.0f} {px_us:6.0f}"
                   + (f"  ({bad} non-2xx)" if bad else ""), flush=True)
             if base is None and t >= 30:
                 base = rows[-1]
@@ -171,7 +204,9 @@ def run(layout):
                   f" MiB, ttl to ttl + 30 s {max(early) / 2**20:.1f} MiB: "
                   f"{max(r[2] for r in third) / max(early):.2f}x")
         print(f"per key after {base[0]} s: {wal_per:.0f} WAL bytes, "
-              f"{commits_per:.2f} commits")
+              f"{commits_per:.2f} commits; CPU over the last third: "
+              f"PostgreSQL {sum(r[10] for r in third) / len(third):.0f} µs, "
+              f"idemproxy {sum(r[11] for r in third) / len(third):.0f} µs")
         if PSS:
             total = sum(r[8] for r in rows)
             print(f"statements by time, per key ({total} keys): "
