@@ -32,6 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Marks the functions as this version's: a database whose functions an
+ * earlier version created gets them replaced. Change it with them. */
+#define SCHEMA_MARK "idemproxy schema 4"
+
 /* In pieces: C compilers need not take longer literals. */
 static const char *const schema_parts[] = {
 	/* head */
@@ -41,7 +45,10 @@ static const char *const schema_parts[] = {
 	"   OR to_regclass('idempotency_keys') IS NULL\n"
 	"   OR to_regprocedure('idemproxy_claim4(text,text,bytea,text,bigint,bigint,bigint)') IS NULL\n"
 	"   OR to_regprocedure('idemproxy_part_hint(timestamptz)') IS NULL\n"
-	"   OR to_regprocedure('idemproxy_parts_plan(bigint)') IS NULL THEN\n"
+	"   OR to_regprocedure('idemproxy_parts_plan(bigint)') IS NULL\n"
+	"   -- the functions of this version (replaced when they change)\n"
+	"   OR obj_description(to_regprocedure('idemproxy_parts_plan(bigint)'),\n"
+	"                      'pg_proc') IS DISTINCT FROM '" SCHEMA_MARK "' THEN\n"
 	"  PERFORM pg_advisory_xact_lock(7165310201);\n",
 	/* ensure */
 	"CREATE OR REPLACE FUNCTION idemproxy_parts_ensure(p_width_ms bigint)\n"
@@ -123,11 +130,21 @@ static const char *const schema_parts[] = {
 	"  pending boolean;\n"
 	"  total bigint := 0;\n"
 	"  lag bigint := 0;\n"
+	"  oldest bigint;\n"
 	"BEGIN\n"
 	"  IF (SELECT relkind FROM pg_class\n"
 	"       WHERE oid = to_regclass('idempotency_keys')) IS DISTINCT FROM 'p' THEN\n"
 	"    RETURN;\n"
 	"  END IF;\n"
+	"  -- the oldest snapshot another session holds, as a txid (rounded\n"
+	"  -- down): a writer can have taken its snapshot and its part_at before\n"
+	"  -- a partition ended and still have no transaction id to wait for\n"
+	"  -- (stopped between the two, or a long INSERT ... SELECT)\n"
+	"  SELECT txid_snapshot_xmax(snap) - max(age(a.backend_xmin)) INTO oldest\n"
+	"    FROM pg_stat_activity a\n"
+	"   WHERE a.pid <> pg_backend_pid() AND a.backend_xmin IS NOT NULL\n"
+	"     AND a.backend_type IS DISTINCT FROM 'walsender'\n"
+	"     AND a.backend_type IS DISTINCT FROM 'autovacuum worker';\n"
 	"  PERFORM idemproxy_parts_ensure(p_width_ms);\n"
 	"  IF NOT pg_try_advisory_xact_lock(7165310202) THEN\n"
 	"    -- another instance keeps them now\n"
@@ -161,7 +178,7 @@ static const char *const schema_parts[] = {
 	"      lag := greatest(lag, extract(epoch FROM now() - r.hi)::bigint);\n"
 	"      CONTINUE;\n"
 	"    END IF;\n"
-	"    IF txid_snapshot_xmin(snap) < r.fence THEN\n"
+	"    IF txid_snapshot_xmin(snap) < r.fence OR oldest <= r.fence THEN\n"
 	"      lag := greatest(lag, extract(epoch FROM now() - r.hi)::bigint);\n"
 	"      CONTINUE;\n"
 	"    END IF;\n"
@@ -321,6 +338,7 @@ static const char *const schema_parts[] = {
 	"    ALTER TABLE idempotency_keys\n"
 	"      ADD COLUMN part_at timestamptz NOT NULL DEFAULT '-infinity';\n"
 	"  END IF;\n"
+	"  COMMENT ON FUNCTION idemproxy_parts_plan(bigint) IS '" SCHEMA_MARK "';\n"
 	"END IF;\n"
 	"EXCEPTION WHEN duplicate_table OR duplicate_object OR unique_violation THEN\n"
 	"  NULL;  -- created meanwhile by another instance\n"

@@ -230,3 +230,35 @@ def test_partitions_pile_up_bounded(make_proxy, pg_db, pg_server, stub):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_writer_without_xid_holds_its_partition(make_proxy, pg_db, pg_server,
+                                                stub):
+    """A writer that took its snapshot and its part_at before a partition
+    ended, but has no transaction id yet (a backend stopped between the
+    two, or a long INSERT ... SELECT still reading), writes into that
+    partition after maintenance first looked at it. The partition must not
+    be detached under it: the record it commits lives and replays, and is
+    never dropped with the partition."""
+    a = start(make_proxy, pg_db, "--ttl", "1s", name="a")
+    first = post(a.port, newkey("warm"))
+    assert first.status == 200
+    late = newkey("late")
+    # the row's part_at is taken now, its insert comes 8 s later (two
+    # partitions and more): pg_sleep runs after clock_timestamp()
+    writer = hold_open(pg_server, pg_db, (
+        "INSERT INTO idempotency_keys (scope, key, fingerprint, state, "
+        "status, headers, body, expires_at, part_at) SELECT '', "
+        f"'{late}', '\\x00', 'completed', 200, '', 'x', "
+        "now() + interval '1 day', t0 FROM (SELECT clock_timestamp() AS t0, "
+        "pg_sleep(8)) s; \\q"))
+    try:
+        writer.wait(timeout=30)
+    finally:
+        writer.kill()
+    assert pg_db.psql(f"select count(*) from idempotency_keys "
+                      f"where key = '{late}'") == "1"
+    # maintenance goes on: the row stays where readers find it
+    time.sleep(6)
+    assert pg_db.psql(f"select count(*) from idempotency_keys "
+                      f"where key = '{late}'") == "1", a.log()
