@@ -45,7 +45,7 @@ void store_pg_on_notify(struct store *s, store_pg_notify_fn fn, void *arg);
  * Create or upgrade the schema with a blocking connection: for
  * `idemproxy migrate` only, never on an event loop. A table of an earlier
  * version becomes the first partition of a partitioned one (new
- * partitions cover ttl_ms / 2). Returns 0, or -1 with a message in err.
+ * partitions cover ttl_ms / 4). Returns 0, or -1 with a message in err.
  */
 int store_pg_migrate(const char *conninfo, uint64_t ttl_ms, char *err,
 		     size_t errlen) MUSTCHECK;

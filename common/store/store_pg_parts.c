@@ -324,7 +324,7 @@ static void pp_tick(evutil_socket_t fd, short what, void *arg)
 
 uint64_t pg_part_width(uint64_t ttl_ms)
 {
-	uint64_t w = ttl_ms / 2;
+	uint64_t w = ttl_ms / 4;
 
 	return w < PG_PART_MIN_MS ? PG_PART_MIN_MS :
 	       w > PG_PART_MAX_MS ? PG_PART_MAX_MS : w;

@@ -199,8 +199,8 @@ void pg_close_conn(PGconn **pg, struct event **io);
 /* store_pg_parts.c: retention of the partitioned table, on base (the
  * thread that sweeps); its own connection and timer. */
 #define PG_PART_MIN_MS 2000
-#define PG_PART_MAX_MS (12 * 3600 * 1000ULL)
-uint64_t pg_part_width(uint64_t ttl_ms);	/* ttl / 2, within bounds */
+#define PG_PART_MAX_MS (6 * 3600 * 1000ULL)
+uint64_t pg_part_width(uint64_t ttl_ms);	/* ttl / 4, within bounds */
 struct pg_parts *pg_parts_start(struct pg_store *s, struct event_base *base);
 struct event_base *pg_parts_base(const struct pg_parts *p);
 void pg_parts_free(struct pg_parts *p);

@@ -634,7 +634,7 @@ def check_schema(db):
     assert len(parts) >= 1, parts
     # ahead of the clock by a maintenance round and more (the next one
     # is made a round and 3 s before it is needed: 13 s with the default
-    # 12-h partitions)
+    # 6-h partitions)
     ahead = float(db.psql("select extract(epoch from max(hi) - now()) "
                           "from idempotency_keys_parts"))
     assert ahead >= 2, ahead
