@@ -23,7 +23,14 @@ int keys_address(const struct config *cfg, const struct keys_query *q,
 	const char *scope = q->scope;
 	int i;
 
-	if (q->route != NULL && cfg != NULL) {
+	if (q->route != NULL && cfg == NULL) {
+		/* its key prefix and namespace are in the config: without
+		 * them the name would address another record */
+		snprintf(err, errlen, "--route needs --config FILE, the config "
+			 "that defines the route");
+		return -1;
+	}
+	if (q->route != NULL) {
 		for (i = 0; i < cfg->nroutes; i++)
 			if (strcmp(cfg->routes[i].name, q->route) == 0)
 				break;

@@ -351,6 +351,12 @@ def test_cli_usage():
     rc, _, err = run_keys("get", "k", "--store",
                           "postgres://127.0.0.1:1/none?connect_timeout=1")
     assert rc == 3 and "could not be reached" in err
+    # a route's prefix and namespace are in its config: without it the
+    # name would address another record, or a misspelt route none at all
+    for cmd in ("get", "delete"):
+        rc, _, err = run_keys(cmd, "k", "--route", "orders", "--store",
+                              "postgres://127.0.0.1:1/none?connect_timeout=1")
+        assert rc == 2 and "--route needs --config" in err, err
 
 
 def test_token_file_must_be_readable(stub, tmp_path):
