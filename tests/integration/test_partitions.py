@@ -238,8 +238,8 @@ def test_writer_without_xid_holds_its_partition(make_proxy, pg_db, pg_server,
     ended, but has no transaction id yet (a backend stopped between the
     two, or a long INSERT ... SELECT still reading), writes into that
     partition after maintenance first looked at it. The partition must not
-    be detached under it: the record it commits lives and replays, and is
-    never dropped with the partition."""
+    be detached under it: the record it commits stays where claims read,
+    and is never dropped with the partition."""
     a = start(make_proxy, pg_db, "--ttl", "1s", name="a")
     first = post(a.port, newkey("warm"))
     assert first.status == 200
