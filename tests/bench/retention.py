@@ -32,9 +32,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(0, os.path.join(HERE, "..", "ha"))
 
 from support.procs import free_port  # noqa: E402
 from support.stores import PgServer  # noqa: E402
+from cluster import descendants, process_tree  # noqa: E402
 from test_postgres import OLD_TABLE  # noqa: E402
 
 ROOT = os.path.join(HERE, "..", "..")
@@ -67,29 +69,19 @@ SELECT (SELECT wal_bytes FROM pg_stat_wal),
 
 
 def cpu_ms(pids):
-    """CPU time (user + system) so far of pids and their children that
-    are still running, in ms (PostgreSQL's backends are its children)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    kids, total = {}, 0
-    stats = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
+    """CPU time (user + system) so far of pids and their descendants still
+    running, in ms (PostgreSQL's backends are its children)."""
+    tree = process_tree()
+    total = 0
+    for pid in [*pids, *(d for p in pids for d in descendants(p, tree))]:
         try:
-            with open(f"/proc/{d}/stat") as f:
+            with open(f"/proc/{pid}/stat") as f:
                 st = f.read()
-        except OSError:
-            continue
-        rest = st[st.rindex(")") + 2:].split()
-        stats[int(d)] = rest
-        kids.setdefault(int(rest[1]), []).append(int(d))
-    todo = list(pids)
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            total += int(stats[pid][11]) + int(stats[pid][12])
-            todo.extend(kids.get(pid, []))
-    return total * 1000 / tick
+            rest = st[st.rindex(")") + 2:].split()
+            total += int(rest[11]) + int(rest[12])     # utime, stime
+        except (OSError, ValueError, IndexError):
+            continue                                # ended meanwhile
+    return total * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def wrk(port, seconds):
