@@ -34,7 +34,7 @@
 
 /* Marks the functions as this version's: a database whose functions an
  * earlier version created gets them replaced. Change it with them. */
-#define SCHEMA_MARK "idemproxy schema 4"
+#define SCHEMA_MARK "idemproxy schema 5"
 
 /* In pieces: C compilers need not take longer literals. */
 static const char *const schema_parts[] = {
@@ -195,10 +195,12 @@ static const char *const schema_parts[] = {
 	"      -- the last live records move to the current partition\n"
 	"      -- (never backwards: an owner's later statements look for its row\n"
 	"      -- from the part_at its claim wrote on)\n"
+	"      -- (its bounds prune the others: a filter on tableoid would\n"
+	"      -- look through the live records of every partition)\n"
 	"      EXECUTE format('UPDATE idempotency_keys '\n"
 	"                     'SET part_at = greatest(part_at, clock_timestamp()) '\n"
-	"                     'WHERE tableoid = %L::regclass AND expires_at > now()',\n"
-	"                     r.name);\n"
+	"                     'WHERE part_at >= %L AND part_at < %L '\n"
+	"                     'AND expires_at > now()', r.lo, r.hi);\n"
 	"    END IF;\n"
 	"    lag := greatest(lag, extract(epoch FROM now() - r.hi)::bigint);\n"
 	"    action := 'detach'; part := r.name; n := live; RETURN NEXT;\n"
