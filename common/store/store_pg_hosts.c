@@ -50,6 +50,34 @@ static bool wants_primary(const char *tsa)
 	       strcmp(tsa, "primary") == 0;
 }
 
+/*
+ * Parameters every connection gets unless the string sets them. The
+ * store's sessions are long-lived and often idle (the listener always):
+ * a flow that a NAT or a load balancer forgot without a reset must fail
+ * in seconds, not after the kernel's two hours of TCP keepalive. Idle
+ * 5 s, then a probe every 2 s, 3 unanswered: down after 11 s; data sent
+ * and not acknowledged for 10 s: down (tcp_user_timeout, Linux). The
+ * listener also probes itself every second (store_pg_pool.c).
+ */
+static const char *const defaults[][2] = {
+	{ "target_session_attrs", "read-write" },
+	{ "keepalives", "1" },
+	{ "keepalives_idle", "5" },
+	{ "keepalives_interval", "2" },
+	{ "keepalives_count", "3" },
+	{ "tcp_user_timeout", "10000" },
+};
+
+/* What keyword is set to when the string leaves it out; NULL: libpq's
+ * own default. */
+static const char *default_of(const char *keyword)
+{
+	for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
+		if (strcmp(defaults[i][0], keyword) == 0)
+			return defaults[i][1];
+	return NULL;
+}
+
 int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
 		   size_t errlen)
 {
@@ -112,7 +140,7 @@ int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
 				strcmp(o->keyword, "port") == 0;
 
 		if (o->val == NULL && !per_host &&
-		    strcmp(o->keyword, "target_session_attrs") != 0)
+		    default_of(o->keyword) == NULL)
 			continue;
 		if (strcmp(o->keyword, "host") == 0)
 			ihost = nkw;
@@ -134,10 +162,8 @@ int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
 		for (int k = 0; k < nkw; k++) {
 			for (o = opts; o->keyword != h->keywords[k]; o++)
 				;
-			h->values[i][k] = o->val;
-			if (strcmp(o->keyword, "target_session_attrs") == 0 &&
-			    o->val == NULL)
-				h->values[i][k] = "read-write";
+			h->values[i][k] = o->val != NULL ? o->val :
+					  default_of(o->keyword);
 		}
 		if (h->probe) {
 			if (ihost >= 0)

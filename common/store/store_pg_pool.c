@@ -380,6 +380,73 @@ static void run_setup(struct pg_conn *c)
 }
 
 static void probe_tick(struct pg_conn *c);
+static void drain_results(struct pg_conn *c);
+
+/*
+ * A batch's deadline passed. The results may be in the socket already:
+ * after this process was stalled (SIGSTOP, a paused VM) the timer and the
+ * socket are ready together, and libevent may run the timer first. Read
+ * them before giving up - a claim PostgreSQL committed is an outcome, not
+ * an unknown. The connection fails only when the batch is still on the
+ * wire after that (a batch sent from here on has a deadline of its own).
+ */
+static void busy_timeout(struct pg_conn *c)
+{
+	if (PQconsumeInput(c->pg))
+		drain_results(c);
+	if (c->pg != NULL && c->state == PGC_BUSY &&
+	    !evtimer_pending(c->timer, NULL))
+		conn_fail(c, c->listener ? "the listener did not answer its "
+			  "probe" : "statement timed out");
+}
+
+/*
+ * The listener proves it still hears. A connection whose flow a NAT or a
+ * load balancer dropped without a reset looks healthy until TCP gives up
+ * (keepalives: store_pg_hosts.c), and meanwhile every purge goes unheard
+ * while the response cache serves what was purged. So every
+ * PG_LISTEN_PROBE_MS it runs a query: PostgreSQL sends a session the
+ * notifications committed before its query ends ahead of the query's
+ * result, so an answer proves every purge committed before the probe was
+ * sent has been heard. No answer within PG_LISTEN_DEADLINE_MS and the
+ * listener is down: the cache forgets everything and serves nothing
+ * until a new listener is up (store_cache_listening). A purge is thus
+ * unheard for at most PG_LISTEN_PROBE_MS + PG_LISTEN_DEADLINE_MS.
+ */
+static void listen_probe_later(struct pg_conn *c)
+{
+	struct timeval tv = clock_tv(PG_LISTEN_PROBE_MS);
+
+	evtimer_add(c->timer, &tv);
+}
+
+static void listen_probe(struct pg_conn *c)
+{
+	struct timeval tv = clock_tv(PG_LISTEN_DEADLINE_MS);
+
+	if (!PQsendQuery(c->pg, "SELECT 1")) {
+		conn_fail(c, "the listener's probe");
+		return;
+	}
+	c->state = PGC_BUSY;
+	evtimer_add(c->timer, &tv);
+	flush(c);
+}
+
+static void listen_probe_result(struct pg_conn *c, PGresult *r)
+{
+	if (r != NULL) {
+		ExecStatusType st = PQresultStatus(r);
+
+		PQclear(r);
+		if (st != PGRES_TUPLES_OK)
+			conn_fail(c, "the listener's probe failed");
+		return;
+	}
+	c->state = PGC_IDLE;
+	evtimer_del(c->timer);
+	listen_probe_later(c);
+}
 
 static void timer_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -390,7 +457,9 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	else if (c->state == PGC_DOWN)
 		conn_start(c);
 	else if (c->state == PGC_BUSY)
-		conn_fail(c, "statement timed out");
+		busy_timeout(c);
+	else if (c->state == PGC_IDLE && c->listener)
+		listen_probe(c);
 	else if (c->state == PGC_CONNECTING || c->state == PGC_SETUP)
 		conn_fail(c, "connect timed out");
 }
@@ -736,6 +805,8 @@ static void setup_result(struct pg_conn *c, PGresult *r)
 	evtimer_del(c->timer);	/* the connect deadline */
 	set_up(c, true);
 	c->state = PGC_IDLE;
+	if (c->listener)
+		listen_probe_later(c);
 	drop_stale(c->local);
 }
 
@@ -869,6 +940,8 @@ static void drain_results(struct pg_conn *c)
 			nulls = 0;
 		if (c->state == PGC_SETUP)
 			setup_result(c, r);
+		else if (c->listener)
+			listen_probe_result(c, r);
 		else
 			batch_result(c, r);
 	}

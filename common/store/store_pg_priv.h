@@ -36,6 +36,8 @@
 #define PG_HOST_CONNECT_MS 2000	/* one host's connect and startup */
 #define PG_REPROBE_MS 200	/* a host that refused is asked again */
 #define PG_PROBE_TICK_MS 50
+#define PG_LISTEN_PROBE_MS 1000	/* the listener proves it hears this often */
+#define PG_LISTEN_DEADLINE_MS 2000	/* ... or is down this long after */
 
 enum pg_kind {
 	PG_CLAIM,

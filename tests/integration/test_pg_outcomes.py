@@ -20,12 +20,16 @@ back, and the proxy sees the connection die with the outcome unknown.
   F  phantom claim: commit sleeps 7 s (> the 5 s statement timeout)
   G2 a failed lease extension (outage around half the lease), the
      exchange outliving the first lease, a second outage at its end   LONG
+  H  the proxy stopped (SIGSTOP) past the statement timeout while its
+     claim commits: the committed claim is read, not given up
 
 Executions are counted by the stub per Idempotency-Key. Every test is
 bounded (socket timeouts, deadlines) and a test that stops PostgreSQL
 starts it again in a finally.
 """
 import concurrent.futures as cf
+import os
+import signal
 import socket
 import struct
 import threading
@@ -546,6 +550,39 @@ def test_f_phantom_claim(make_proxy, pg_db, stub):
     assert took < 5.0, f"the retry waited {took:.2f}s (stuck until the lease?)"
     assert execs(stub, key) == 1, stub.stats()["keys"]
     rec = row(pg_db, key)
+    assert rec is not None and rec.state == "completed", rec
+    assert rec.body == r.body
+
+
+# ----------------------------- H: stalled past the statement timeout (~8 s)
+
+def test_h_stall_reads_the_committed_claim(make_proxy, pg_db, stub):
+    """(~8 s) The claim's commit takes 1.5 s; meanwhile the proxy is
+    stopped (SIGSTOP) and stays stopped until 6.5 s after the claim was
+    sent, past the store's 5 s statement timeout. When it resumes, the
+    claim's committed result is waiting in its socket, and its batch's
+    deadline has passed: it must read the result - the request is
+    executed once and answered 200 - not drop the connection and answer
+    503 for a claim PostgreSQL committed."""
+    p = start(make_proxy, pg_db, name="h")
+    slow_claims(pg_db, 1.5)
+    key = newkey("slowclaim")
+    with cf.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(post, p.port, key, timeout=20)
+        wait_sleeper(pg_db, timeout=3)
+        t0 = time.monotonic()
+        os.kill(p.proc.pid, signal.SIGSTOP)
+        try:
+            wait_no_sleeper(pg_db, timeout=5)
+            sleep_until(t0 + 6.5)
+        finally:
+            os.kill(p.proc.pid, signal.SIGCONT)
+        r = fut.result(timeout=20)
+    print(f"after the stall: {r!r}; record {row(pg_db, key)}")
+    assert r.status == 200, r
+    assert not replayed(r), r
+    assert execs(stub, key) == 1, stub.stats()["keys"]
+    rec = wait_row(pg_db, key, "completed", timeout=5)
     assert rec is not None and rec.state == "completed", rec
     assert rec.body == r.body
 

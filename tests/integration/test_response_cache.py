@@ -13,6 +13,7 @@ import pytest
 
 from support.http import assert_problem
 from support.procs import metric_value, wait_readyz
+from support.relay import Relay
 from test_idempotency import executions, newkey, post, replayed
 
 
@@ -107,6 +108,44 @@ def test_purge_reaches_every_instance(make_proxy, pg_db, stub):
     assert ra.status == 200 and not replayed(ra)
     assert replayed(rb) and rb.body == ra.body
     assert executions(stub) == 2
+
+
+def test_purge_heard_or_cache_off_when_listener_cut(make_proxy, pg_db,
+                                                     stub):
+    """(~8 s) Instance a reaches PostgreSQL through a relay that turns a's
+    LISTEN connection into a black hole (no reset, no byte: a flow a NAT
+    dropped), its statement connections untouched; the purge, made on
+    instance b's side, is never delivered to a. a must stop serving the
+    purged response from memory within the documented 3 s (its listener's
+    probe goes unanswered): 4 s after the purge a's duplicate executes
+    again instead of replaying it."""
+    relay = Relay(pg_db.server.port)
+    try:
+        a = make_proxy("--store", pg_db.url.replace(
+            f":{pg_db.server.port}/", f":{relay.port}/"), name="a")
+        wait_readyz(a)
+        b = start(make_proxy, pg_db, name="b")
+        wait_listening(a, pg_db, n=2)
+        key = newkey("rccut")
+        first = post(a.port, key)
+        assert first.status == 200
+        r = post(a.port, key)       # read from PostgreSQL, kept
+        assert replayed(r) and r.body == first.body
+        h0 = cache_hits(a)
+        r = post(a.port, key)
+        assert replayed(r) and r.body == first.body
+        assert cache_hits(a) == h0 + 1, "not served from a's memory"
+        assert relay.cut(b"LISTEN idemproxy") >= 1
+        purge(pg_db, key)
+        time.sleep(4)
+        r = post(a.port, key)
+        assert r.status == 200 and not replayed(r), \
+            f"a replayed a response purged 4 s ago: {r!r}"
+        assert executions(stub) == 2
+        rb = post(b.port, key)
+        assert replayed(rb) and rb.body == r.body
+    finally:
+        relay.close()
 
 
 def test_purge_all(make_proxy, pg_db, stub):

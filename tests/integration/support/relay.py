@@ -5,6 +5,8 @@ socket buffer) without closing it.
     r = Relay(target_port)      # listen on r.port, forward to the target
     r.hold()                    # from now on, client bytes wait here
     r.release()                 # ... and go on, in order
+    r.cut(b"LISTEN idemproxy")  # connections whose client sent this
+                                # become black holes
     r.close()
 
 Bytes from the target to the client are never held. A thread per
@@ -30,6 +32,7 @@ class Relay:
         self._socks = []
         self._lock = threading.Lock()
         self.held = 0           # bytes that waited
+        self._conns = []        # per connection: {"head", "cut"}
         threading.Thread(target=self._accept, daemon=True).start()
 
     def hold(self):
@@ -37,6 +40,19 @@ class Relay:
 
     def release(self):
         self._open.set()
+
+    def cut(self, marker):
+        """The connections open now whose client sent `marker` (in its
+        first 64 KiB) turn into black holes: from now on the bytes of
+        either direction are read and dropped, and nothing is closed - a
+        flow a NAT or a load balancer forgot. Returns how many."""
+        n = 0
+        with self._lock:
+            for conn in self._conns:
+                if marker in conn["head"]:
+                    conn["cut"] = True
+                    n += 1
+        return n
 
     def _accept(self):
         while not self._closed:
@@ -49,19 +65,25 @@ class Relay:
             except OSError:
                 c.close()
                 continue
+            conn = {"head": b"", "cut": False}
             with self._lock:
                 self._socks += [c, t]
-            threading.Thread(target=self._pump, args=(c, t, True),
+                self._conns.append(conn)
+            threading.Thread(target=self._pump, args=(c, t, True, conn),
                              daemon=True).start()
-            threading.Thread(target=self._pump, args=(t, c, False),
+            threading.Thread(target=self._pump, args=(t, c, False, conn),
                              daemon=True).start()
 
-    def _pump(self, src, dst, holdable):
+    def _pump(self, src, dst, holdable, conn):
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                if holdable and len(conn["head"]) < 65536:
+                    conn["head"] += data
+                if conn["cut"]:
+                    continue
                 if holdable and not self._open.is_set():
                     self.held += len(data)
                     self._open.wait()
