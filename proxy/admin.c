@@ -20,6 +20,9 @@
 #include "metrics.h"
 #include "store.h"
 
+#define ADMIN_MAX_HEAD (16 * 1024)	/* a 4 KiB token and a key, with room */
+#define ADMIN_MAX_BODY 4096
+
 struct admin {
 	struct evhttp *http;
 	struct store *store;
@@ -157,6 +160,11 @@ struct admin *admin_new(struct event_base *base, const char *host,
 		goto fail;
 
 	evhttp_set_gencb(a->http, handle, a);
+	/* bounds like the client listener's: no endpoint takes a body, the
+	 * longest head is a key in the path and a bearer token; a request
+	 * (or an idle connection) has 10 s */
+	evhttp_set_max_headers_size(a->http, ADMIN_MAX_HEAD);
+	evhttp_set_max_body_size(a->http, ADMIN_MAX_BODY);
 	evhttp_set_timeout(a->http, 10);
 	if (bind_all(a->http, host, port, err, errlen) < 0)
 		goto fail;

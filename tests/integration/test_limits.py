@@ -1,9 +1,11 @@
 """Limits on the client side: header size (431), read time (408), idle
-keep-alive connections, --max-connections."""
+keep-alive connections, --max-connections; and the admin listener's."""
+import socket
 import time
 
 from support.http import (RawConn, assert_problem, build_request, request,
                           upstream_echo)
+from support.procs import RssSampler, wait_readyz
 
 
 def test_head_larger_than_max_header_size(make_proxy, stub):
@@ -128,3 +130,44 @@ def test_max_connections_pauses_accept(make_proxy, stub):
     finally:
         a.close()
         b.close()
+
+
+def first_bytes_after(port, *parts):
+    """Send parts on a fresh connection (as far as the peer takes them)
+    and return the first bytes of its answer (b"" when it closed)."""
+    s = socket.create_connection(("127.0.0.1", port), 10)
+    try:
+        try:
+            for part in parts:
+                s.sendall(part)
+        except OSError:
+            pass                # refused and closed
+        s.settimeout(5)
+        try:
+            return s.recv(64)
+        except OSError:
+            return b""
+    finally:
+        s.close()
+
+
+def test_admin_listener_bounds_heads_and_bodies(make_proxy):
+    """The admin listener takes no body and short heads: an
+    unauthenticated 64 MiB POST to /healthz is refused without being
+    buffered (RSS grows by less than 8 MiB while 32 MiB of it are sent),
+    and so is a 1 MiB head; /healthz still answers after both."""
+    p = make_proxy()
+    wait_readyz(p)
+    with RssSampler(p.pid) as rss:
+        first = first_bytes_after(
+            p.admin_port, b"POST /healthz HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: 67108864\r\n\r\n", *[b"x" * 65536] * 512)
+        assert not first.startswith(b"HTTP/1.1 200"), first
+        first = first_bytes_after(
+            p.admin_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " +
+            b"a" * (1 << 20) + b"\r\n\r\n")
+        assert not first.startswith(b"HTTP/1.1 200"), first
+    assert rss.growth_mib < 8, f"RSS grew {rss.growth_mib:.1f} MiB"
+    assert first_bytes_after(
+        p.admin_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+        b"Connection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
