@@ -898,6 +898,12 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 		      * plan lives (until the next ANALYZE or partition) */
 		     "SET enable_seqscan = off;\n"
 		     "SET enable_bitmapscan = off;\n"
+		     /* ... and the few that must scan (the partitions'
+		      * bookkeeping, a handful of rows) cost so much on paper
+		      * that PostgreSQL would compile them with LLVM on every
+		      * run: 40-150 ms for a read of three rows. No statement
+		      * of the store is long enough for JIT to pay */
+		     "SET jit = off;\n"
 		     /* see PG_MALLOC_PAD */
 		     "SELECT length(repeat('x', " PG_MALLOC_PAD "));\n"
 		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint) AS %s;\n"
