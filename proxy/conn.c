@@ -324,9 +324,7 @@ void conn_free(struct conn *c)
 	if (c->tls_pump != NULL)
 		event_free(c->tls_pump);
 	h1_head_free(&c->head);
-	conn_keyed_unreserve(c);
-	if (c->body != NULL)
-		evbuffer_free(c->body);
+	body_clear(&c->body);
 	free(c->paths);
 	free(c);
 	metrics_gauge_add(GAUGE_connections, -1);
@@ -341,7 +339,6 @@ static void reset_request(struct conn *c)
 	}
 	h1_head_reset(&c->head, c->w->cfg->max_header_size);
 	c->fwd = c->match = NULL;
-	conn_keyed_unreserve(c);
 	c->flags = 0;
 	c->mode = CONN_MODE_NONE;
 	c->req_body = BODY_NONE;
@@ -351,10 +348,7 @@ static void reset_request(struct conn *c)
 	c->route = NULL;
 	c->key.key[0] = '\0';
 	c->key.pending = false;
-	if (c->body != NULL) {
-		evbuffer_free(c->body);
-		c->body = NULL;
-	}
+	body_clear(&c->body);
 	llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
 	c->parser.data = c;
 }
@@ -476,17 +470,8 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
 {
 	struct conn *c = p->data;
 
-	if (c->state == CONN_ST_BODY) {
-		if (evbuffer_get_length(c->body) + len > c->policy->max_body) {
-			cf_set(c, CF(BODY_TOO_LARGE));
-			return -1;
-		}
-		if (!conn_keyed_reserve(c, len)) {
-			cf_set(c, CF(BODY_BUSY));
-			return -1;
-		}
-		return evbuffer_add(c->body, at, len) < 0 ? -1 : 0;
-	}
+	if (c->state == CONN_ST_BODY)
+		return conn_keyed_chunk(c, at, len);
 	if (c->mode == CONN_MODE_PASS && c->up != NULL)
 		h1_chunk(upstream_output(c->up), at, len);
 	return 0;	/* else answered already; swallow the rest */
@@ -1033,6 +1018,9 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 	if (c->state == CONN_ST_READ_HEAD)
 		refuse(c, PROBLEM_REQUEST_TIMEOUT, CLIENT_ERROR_REQUEST_TIMEOUT,
 		       "the request head did not arrive in time");
+	else if (c->state == CONN_ST_BODY)
+		refuse(c, PROBLEM_REQUEST_TIMEOUT, CLIENT_ERROR_REQUEST_TIMEOUT,
+		       "the request body did not arrive in time");
 }
 
 /* Pipelined input left after a response: see conn_end_request(). */

@@ -15,7 +15,6 @@
  */
 #include "conn_priv.h"
 
-#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -208,8 +207,9 @@ static void start_claim(struct conn *c)
 
 	cf_set(c, CF(REQ_DONE));
 	conn_read_timeout(c, 0);
+	evtimer_del(c->timer);		/* the body's deadline */
 	conn_set_state(c, CONN_ST_CLAIM);
-	if (keyed_prepare(&h, &c->key, c->body, &req, &a) == KEYED_ANSWER) {
+	if (keyed_prepare(&h, &c->key, &c->body, &req, &a) == KEYED_ANSWER) {
 		conn_answer(c, a.problem, a.detail, a.outcome, a.close);
 		return;
 	}
@@ -222,6 +222,33 @@ static void start_claim(struct conn *c)
 	c->mode = CONN_MODE_KEYED;
 }
 
+/*
+ * A keyed body has an end, besides the gap between reads: the client's
+ * timeout plus its length at BODY_MIN_RATE (a chunked body: max_body's).
+ * A body trickled a byte at a time holds its connection no longer (and,
+ * charged as it arrives, only the bytes it sent of the budget).
+ */
+#define BODY_MIN_RATE (8 * 1024)	/* bytes per second */
+
+static void body_deadline(struct conn *c)
+{
+	uint64_t len = c->req_body == BODY_LENGTH ? c->req_length :
+						     c->policy->max_body;
+	struct timeval tv = clock_tv(c->cfg->client_timeout_ms +
+				     len * 1000 / BODY_MIN_RATE);
+
+	evtimer_add(c->timer, &tv);
+}
+
+static void body_refused(struct conn *c, enum body_err e)
+{
+	if (e == BODY_BUSY)
+		conn_answer(c, PROBLEM_SERVER_BUSY, "too many request bodies are "
+			    "being buffered; retry", OUTCOME_BUSY, true);
+	else
+		conn_close(c, "out of memory");
+}
+
 /* Move a keyed request's body into c->body, up to max_body. */
 void conn_keyed_body(struct conn *c)
 {
@@ -229,11 +256,15 @@ void conn_keyed_body(struct conn *c)
 
 	if (c->req_body == BODY_LENGTH) {
 		size_t n = evbuffer_get_length(in);
+		enum body_err e;
 
 		if (n > c->req_remaining)
 			n = (size_t)c->req_remaining;
-		if (n > 0)
-			evbuffer_remove_buffer(in, c->body, n);
+		e = body_add_from(&c->body, in, n, c->cfg->max_buffered);
+		if (e != BODY_OK) {
+			body_refused(c, e);
+			return;
+		}
 		c->req_remaining -= n;
 		if (c->req_remaining == 0)
 			start_claim(c);
@@ -241,6 +272,20 @@ void conn_keyed_body(struct conn *c)
 	}
 	if (conn_feed_parser(c) == 1)
 		start_claim(c);	/* else more to come, or answered (400, 413) */
+}
+
+int conn_keyed_chunk(struct conn *c, const char *at, size_t len)
+{
+	enum body_err e;
+
+	if (c->body.len + len > c->policy->max_body) {
+		cf_set(c, CF(BODY_TOO_LARGE));
+		return -1;
+	}
+	e = body_add(&c->body, at, len, c->cfg->max_buffered);
+	if (e == BODY_BUSY)
+		cf_set(c, CF(BODY_BUSY));
+	return e == BODY_OK ? 0 : -1;
 }
 
 /* Expect: 100-continue on a keyed request: we need the body before
@@ -255,28 +300,6 @@ static void continue_if_expected(struct conn *c)
 			     "100-continue"))
 		evbuffer_add(bufferevent_get_output(c->bev),
 			     "HTTP/1.1 100 Continue\r\n\r\n", 25);
-}
-
-/* The process-wide budget of buffered keyed bodies (--max-buffered). */
-static _Atomic uint64_t buffered;
-
-bool conn_keyed_reserve(struct conn *c, uint64_t n)
-{
-	uint64_t cur = atomic_load(&buffered);
-
-	do {
-		if (cur + n > c->cfg->max_buffered)
-			return false;
-	} while (!atomic_compare_exchange_weak(&buffered, &cur, cur + n));
-	c->reserved += n;
-	return true;
-}
-
-void conn_keyed_unreserve(struct conn *c)
-{
-	if (c->reserved > 0)
-		atomic_fetch_sub(&buffered, c->reserved);
-	c->reserved = 0;
 }
 
 /*
@@ -382,17 +405,9 @@ void conn_keyed_decide(struct conn *c)
 	case KEYED_ENGINE:
 		break;
 	}
-	if (c->req_body == BODY_LENGTH && !conn_keyed_reserve(c, c->req_length)) {
-		conn_answer(c, PROBLEM_SERVER_BUSY, "too many request bodies are "
-			    "being buffered; retry", OUTCOME_BUSY, true);
-		return;
-	}
-	c->body = evbuffer_new();
-	if (c->body == NULL) {
-		conn_close(c, "out of memory");
-		return;
-	}
+	body_start(&c->body, c->req_body == BODY_LENGTH ? c->req_length : 0);
 	conn_set_state(c, CONN_ST_BODY);
+	body_deadline(c);
 	continue_if_expected(c);
 	if (c->req_body == BODY_NONE) {
 		start_claim(c);

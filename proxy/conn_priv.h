@@ -13,6 +13,7 @@
 
 #include <llhttp.h>
 
+#include "body.h"
 #include "h1.h"
 #include "httphdr.h"
 #include "keyed.h"
@@ -137,8 +138,7 @@ struct conn {
 	const struct policy *policy;	/* the route's, or the global one */
 	const char *route;		/* the route's name (in cfg); NULL: global */
 	struct keyed_key key;
-	struct evbuffer *body;		/* the buffered body while BODY */
-	uint64_t reserved;		/* of the process-wide body budget */
+	struct body body;		/* the buffered body while BODY */
 	struct idem *idem;
 	struct store_op *issue_op;
 
@@ -183,11 +183,9 @@ void conn_client_done(struct conn *c);
  * request arrived (BODY). */
 void conn_keyed_decide(struct conn *c);
 void conn_keyed_body(struct conn *c);
-/* Take n bytes of the process-wide budget of buffered keyed bodies
- * (--max-buffered) for c; false when it is spent. Given back, all of it,
- * by conn_keyed_unreserve() when the request ends. */
-bool conn_keyed_reserve(struct conn *c, uint64_t n);
-void conn_keyed_unreserve(struct conn *c);
+/* n bytes of a keyed chunked body (on_body); -1 with c's flags saying why
+ * (BODY_TOO_LARGE, BODY_BUSY) when they cannot be taken. */
+int conn_keyed_chunk(struct conn *c, const char *at, size_t len);
 
 /* conn_tls.c: a connection on a TLS listener. Accept: the bufferevent that
  * runs the handshake (c->bev, c->ssl, c->tls_pump; -1 on failure, what was

@@ -254,27 +254,21 @@ static void fill_request(const struct keyed_head *h, const struct keyed_key *k,
 }
 
 /* The fingerprint of method, raw target and body (DESIGN §1.5). */
-static int fingerprint(const struct keyed_head *h, struct evbuffer *body,
-		       uint8_t fp[FP_LEN])
+static int fingerprint(const struct keyed_head *h, const char *body,
+		       size_t len, uint8_t fp[FP_LEN])
 {
-	struct evbuffer_iovec v[64];
-	int n = evbuffer_peek(body, -1, NULL, NULL, 0);
+	struct iovec v = { .iov_base = (void *)body, .iov_len = len };
 
-	if (n > 64) {
-		evbuffer_pullup(body, -1);	/* rare: a body in many pieces */
-		n = 1;
-	}
-	n = evbuffer_peek(body, -1, NULL, v, n);
 	return fp_compute(llhttp_method_name((llhttp_method_t)h->method),
-			  h->target, (const struct iovec *)v, n, fp);
+			  h->target, &v, len > 0, fp);
 }
 
 enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k,
-				 struct evbuffer *body, struct idem_request *req,
+				 struct body *body, struct idem_request *req,
 				 struct keyed_answer *a)
 {
-	size_t len = evbuffer_get_length(body);
-	const char *flat;
+	size_t len = body->len;
+	const char *flat = body_data(body);
 	struct reqhead rh = {
 		.method = h->method,
 		.target = h->fwd_target,
@@ -284,9 +278,8 @@ enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k
 	};
 
 	memset(req, 0, sizeof(*req));
-	if (fingerprint(h, body, req->claim.fp) < 0)
+	if (fingerprint(h, flat, len, req->claim.fp) < 0)
 		goto fail;
-	flat = len ? (const char *)evbuffer_pullup(body, -1) : "";
 	if (!signature_ok(h, flat, len, a))
 		return KEYED_ANSWER;
 	if (k->pending) {
@@ -304,7 +297,11 @@ enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k
 	if (req->request == NULL)
 		goto fail;
 	reqhead_write(req->request, &rh);
-	evbuffer_add_buffer(req->request, body);
+	if (body_hand_over(body, req->request) < 0) {
+		evbuffer_free(req->request);
+		req->request = NULL;
+		goto fail;
+	}
 	return KEYED_ENGINE;
 fail:
 	return answer(a, PROBLEM_STORE_UNAVAILABLE, OUTCOME_STORE_UNAVAILABLE,

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "body.h"
 #include "httphdr.h"
 #include "idem.h"
 #include "idemkey.h"
@@ -70,13 +71,14 @@ enum keyed_verdict keyed_start(const struct keyed_head *h, struct keyed_key *k,
 			       struct keyed_answer *a);
 
 /*
- * With the whole body buffered: ENGINE (req filled; the body was moved
- * into req->request behind the upstream head) or ANSWER. A body key that
+ * With the whole body buffered: ENGINE (req filled; the body was lent to
+ * req->request behind the upstream head, body_hand_over: its budget goes
+ * with it) or ANSWER. A body key that
  * cannot be had without require_key sends the request through unprotected
  * (req->unprotected) - still ENGINE, since the body is buffered.
  */
 enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k,
-				 struct evbuffer *body, struct idem_request *req,
+				 struct body *body, struct idem_request *req,
 				 struct keyed_answer *a);
 
 /*

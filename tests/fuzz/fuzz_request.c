@@ -92,7 +92,8 @@ struct client {
 	llhttp_t parser;
 	struct h1_head head;
 	bool in_head;		/* conn.c's CONN_ST_READ_HEAD */
-	struct evbuffer *body;	/* a keyed body being buffered, else NULL */
+	bool buffering;		/* a keyed body is being buffered */
+	struct body body;
 	uint64_t max_body;
 	bool too_large;		/* the keyed body went over max_body */
 	struct evbuffer *out;	/* upstream bytes and our answers, in order */
@@ -162,12 +163,12 @@ static int on_body(llhttp_t *p, const char *at, size_t len)
 {
 	struct client *c = p->data;
 
-	if (c->body != NULL) {
-		if (evbuffer_get_length(c->body) + len > c->max_body) {
+	if (c->buffering) {
+		if (c->body.len + len > c->max_body) {
 			c->too_large = true;
 			return -1;
 		}
-		return evbuffer_add(c->body, at, len) < 0 ? -1 : 0;
+		return body_add(&c->body, at, len, UINT64_MAX) == BODY_OK ? 0 : -1;
 	}
 	/* the chunks follow the reads: the transcript gets the bytes */
 	h1_chunk(c->chunks, at, len);
@@ -358,15 +359,14 @@ static bool keyed(struct client *c, struct keyed_head *h, struct keyed_key *k,
 	bool go_on = keep;
 	int rc;
 
-	c->body = evbuffer_new();
-	if (c->body == NULL)
-		abort();
+	c->buffering = true;
+	body_start(&c->body, h->body == BODY_LENGTH ? h->length : 0);
 	c->max_body = h->policy->max_body;
 	c->too_large = false;
 	if (h->body == BODY_LENGTH) {
 		size_t n = c->left < h->length ? c->left : (size_t)h->length;
 
-		evbuffer_add(c->body, c->p, n);
+		FUZZ_REQUIRE(body_add(&c->body, c->p, n, UINT64_MAX) == BODY_OK);
 		c->p += n;
 		c->left -= n;
 	} else if (h->body == BODY_CHUNKED) {
@@ -381,7 +381,7 @@ static bool keyed(struct client *c, struct keyed_head *h, struct keyed_key *k,
 		if (rc == 0)
 			go_on = false;	/* cut short: the last request */
 	}
-	v = keyed_prepare(h, k, c->body, &req, &a);
+	v = keyed_prepare(h, k, &c->body, &req, &a);
 	if (v == KEYED_ANSWER) {
 		answer(c, a.problem, a.detail, a.close, minor);
 		go_on = go_on && !a.close;
@@ -396,8 +396,8 @@ static bool keyed(struct client *c, struct keyed_head *h, struct keyed_key *k,
 	evbuffer_add_buffer(c->out, req.request);
 	evbuffer_free(req.request);
 out:
-	evbuffer_free(c->body);
-	c->body = NULL;
+	body_clear(&c->body);
+	c->buffering = false;
 	return go_on;
 }
 

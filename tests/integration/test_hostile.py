@@ -19,6 +19,8 @@ import pytest
 
 from support.http import (RawConn, assert_problem, build_request, chunked,
                           request, upstream_echo)
+from support.procs import RssSampler, wait_readyz
+from test_streaming import SMALL_QUARANTINE
 
 GH_SECRET = "hostile-secret"
 HOOK_INI = """
@@ -332,25 +334,199 @@ def test_issue_endpoint_bounded(tmp_path, make_proxy):
 
 # ---- 9. a process-wide budget for buffered bodies ------------------------------
 
+def keyed_head(n, key=None):
+    """The head of a keyed POST declaring an n-byte body."""
+    key = key or uuid.uuid4().hex
+    return (b"POST /o HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\n"
+            b"Content-Length: %d\r\n\r\n" % (key.encode(), n))
+
+
 def test_buffered_bodies_have_a_global_budget(make_proxy, stub):
+    """Bytes that arrived count, not what heads declare: three bodies of
+    400 KiB, 350 KiB of each sent, pass a 1 MiB budget with the third,
+    which gets 503; the first completes; the budget comes back."""
     p = make_proxy("--max-buffered", "1MiB")
     held = []
     try:
-        for i in range(3):      # 3 x 400 KiB declared, bodies never sent
+        for i in range(3):
             c = RawConn(p.port)
-            c.send(b"POST /o HTTP/1.1\r\nHost: x\r\nIdempotency-Key: b-%d-%s\r\n"
-                   b"Content-Length: 409600\r\n\r\n" % (i, uuid.uuid4().hex.encode()))
+            c.send(keyed_head(409600))
             held.append(c)
-        time.sleep(0.3)
+        time.sleep(0.2)
+        for c in held:          # declared, nothing sent: nothing charged
+            c.sock.settimeout(0.2)
+            with pytest.raises(OSError):
+                c.sock.recv(1)
+            c.sock.settimeout(10)
+        for c in held:
+            c.send(b"x" * 358400)
+            time.sleep(0.2)
         r = held[2].read_response()
         assert_problem(r, 503, "server-busy")
         assert r.header("Retry-After") == "1"
-        # the others still get through once their bodies arrive
-        held[0].send(b"x" * 409600)
+        held[0].send(b"x" * (409600 - 358400))
         assert held[0].read_response().status == 200
     finally:
         for c in held:
             c.close()
+    time.sleep(0.2)
     # the budget is given back: a new request fits
     r = kpost(p.port, "/o", newkey(), body=b"y" * 409600)
     assert r.status == 200
+
+
+def test_declared_bodies_trickling_do_not_starve_others(make_proxy, stub):
+    """(issue 21 item 3) Eight keyed heads declaring 1 MiB - 1 byte, each
+    then sending a byte: with a 1 MiB budget an honest keyed POST still
+    gets through (the budget held the trickles' declared lengths: 503)."""
+    p = make_proxy("--max-buffered", "1MiB")
+    held = []
+    try:
+        for _ in range(8):
+            c = RawConn(p.port)
+            c.send(keyed_head((1 << 20) - 1) + b"x")
+            held.append(c)
+        time.sleep(0.3)
+        r = kpost(p.port, "/o", newkey(), body=b"y" * 65536)
+        assert r.status == 200, r
+    finally:
+        for c in held:
+            c.close()
+
+
+def test_trickled_body_has_an_end(make_proxy, stub):
+    """(issue 21 item 3) A keyed body sent a byte every 0.5 s (each gap
+    well inside --client-timeout) is cut off with 408 once its whole-body
+    deadline passes: --client-timeout (1 s) plus its length (16 KiB) at
+    8 KiB/s, 3 s; not executed."""
+    p = make_proxy("--client-timeout", "1s")
+    with RawConn(p.port, timeout=10) as c:
+        c.send(keyed_head(16384))
+        t0 = time.monotonic()
+        got = b""
+        while time.monotonic() - t0 < 8:
+            try:
+                c.send(b"x")
+            except OSError:
+                break
+            c.sock.settimeout(0.5)
+            try:
+                got = c.sock.recv(4096)
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            break
+        took = time.monotonic() - t0
+    assert got.startswith(b"HTTP/1.1 408"), got[:200]
+    assert 2.5 < took < 5, took
+    assert executions(stub) == 0
+
+
+class DeafUpstream:
+    """Accepts connections, takes (almost) nothing: a 4 KiB receive
+    buffer, never read. What the proxy sends it stays in the proxy."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.held = []
+        self.stop = False
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        self.sock.settimeout(0.2)
+        while not self.stop:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+
+    def close(self):
+        self.stop = True
+        for c in self.held:
+            c.close()
+        self.sock.close()
+
+
+def test_budget_follows_the_body_past_its_client(make_proxy):
+    """(issue 21 item 4) A client sends a 7 MiB keyed body and resets; the
+    engine still holds the bytes (the upstream takes none). They stay
+    charged: the next 7 MiB body gets 503 (8 MiB budget) and RSS does not
+    grow by another body. Once the exchange ends (--upstream-timeout 3 s)
+    the budget is back and a body fits again."""
+    up = DeafUpstream()
+    try:
+        p = make_proxy("--max-buffered", "8MiB", "--max-body", "8MiB",
+                       "--upstream-timeout", "3s", "--lease", "10s",
+                       upstream=up.url, env=SMALL_QUARANTINE)
+        body = b"z" * (7 << 20)
+        with RssSampler(p.pid) as rss:
+            c = RawConn(p.port)
+            c.send(keyed_head(len(body)) + body)
+            time.sleep(0.5)     # buffered, claimed, being sent upstream
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                              b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            c.close()           # a reset
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            with RawConn(p.port) as c2:
+                try:
+                    c2.send(keyed_head(len(body)) + body)
+                except OSError:
+                    pass
+                r = c2.read_response()
+            assert_problem(r, 503, "server-busy")
+            assert time.monotonic() - t0 < 2.5, "answered after the exchange"
+        assert rss.growth_mib < 7 * 1.25 + 4, \
+            f"RSS grew {rss.growth_mib:.1f} MiB"
+        deadline = time.monotonic() + 8
+        while True:
+            with RawConn(p.port) as c3:
+                c3.send(keyed_head(1 << 20) + b"q" * (1 << 20))
+                r = c3.read_response()
+            if r.status != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert r.status == 504, r   # taken, forwarded; the upstream is deaf
+    finally:
+        up.close()
+
+
+def test_budget_bounds_memory(make_proxy, stub):
+    """(issue 21 item 5) 40 connections, each 1 byte short of a 1 MiB
+    keyed body, against a 16 MiB budget: 16 wait for their last byte, the
+    others get 503, and RSS grows by at most 1.25 x the budget + 4 MiB
+    (the budget counts what is allocated, not what was declared)."""
+    p = make_proxy("--max-buffered", "16MiB", env=SMALL_QUARANTINE)
+    wait_readyz(p)
+    n = (1 << 20) - 1
+    held, busy = [], 0
+    with RssSampler(p.pid) as rss:
+        try:
+            for _ in range(40):
+                c = RawConn(p.port)
+                try:
+                    c.send(keyed_head(1 << 20) + b"w" * n)
+                except OSError:
+                    pass
+                held.append(c)
+            time.sleep(1)
+            for c in held:
+                c.sock.settimeout(0.05)
+                try:
+                    busy += c.sock.recv(64).startswith(b"HTTP/1.1 503")
+                except (socket.timeout, OSError):
+                    pass
+        finally:
+            for c in held:
+                c.close()
+    print(f"503: {busy}, RSS +{rss.growth_mib:.1f} MiB")
+    assert 20 <= busy <= 25, busy
+    assert rss.growth_mib <= 1.25 * 16 + 4, \
+        f"RSS grew {rss.growth_mib:.1f} MiB"

@@ -86,7 +86,7 @@ struct req {
 	struct keyed_key k;
 	struct keyed_answer a;
 	struct idem_request ir;
-	struct evbuffer *body;
+	struct body body;
 	char fwd[512], match[512];
 };
 
@@ -100,9 +100,10 @@ static void req_init(struct req *r, struct config *cfg, const char *target,
 	for (int i = 0; fields != NULL && fields[i] != NULL; i += 2)
 		if (hdrlist_add(&r->f, fields[i], fields[i + 1]) < 0)
 			exit(99);
-	r->body = evbuffer_new();
-	if (body != NULL)
-		evbuffer_add(r->body, body, strlen(body));
+	body_start(&r->body, body != NULL ? strlen(body) : 0);
+	if (body != NULL &&
+	    body_add(&r->body, body, strlen(body), UINT64_MAX) != BODY_OK)
+		exit(99);
 	if (reqhead_normalise(target, HTTP_POST, r->fwd, r->match) < 0)
 		exit(99);
 	r->h.policy = route_policy(cfg, HTTP_POST, r->match, &route);
@@ -120,7 +121,7 @@ static void req_init(struct req *r, struct config *cfg, const char *target,
 static void req_free(struct req *r)
 {
 	hdrlist_free(&r->f);
-	evbuffer_free(r->body);
+	body_clear(&r->body);
 	if (r->ir.request != NULL)
 		evbuffer_free(r->ir.request);
 }
@@ -132,7 +133,7 @@ static enum keyed_verdict run(struct req *r)
 
 	if (v != KEYED_BUFFER)
 		return v;
-	return keyed_prepare(&r->h, &r->k, r->body, &r->ir, &r->a);
+	return keyed_prepare(&r->h, &r->k, &r->body, &r->ir, &r->a);
 }
 
 static bool request_has(const struct req *r, const char *s)
