@@ -290,6 +290,35 @@ static char *dup_or_null(const char *s)
 	return s != NULL ? strdup(s) : NULL;
 }
 
+/* A DELETE, or a GET with the body, needs the bearer token: false when
+ * the call was refused (answered 403 or 401; the refusal is audited). */
+static bool call_allowed(struct admin_keys *ak, const struct call *c,
+			 struct evhttp_request *req, bool body)
+{
+	if (!c->purge && !body)
+		return true;
+	if (!ak->token_set) {
+		problem(req, 403, "Forbidden", "admin-token-required",
+			c->purge ? "DELETE /keys is off: start idemproxy with "
+				   "--admin-token-file" :
+				   "body=1 is off: start idemproxy with "
+				   "--admin-token-file");
+		return false;
+	}
+	if (!authorized(ak, req)) {
+		log_warn("audit: %s /keys/%s by %s: refused (no or wrong bearer "
+			 "token)", c->purge ? "DELETE" : "GET body of",
+			 c->key, c->who);
+		evhttp_add_header(evhttp_request_get_output_headers(req),
+				  "WWW-Authenticate", "Bearer realm=\"idemproxy\"");
+		problem(req, 401, "Unauthorized", "admin-token-required",
+			"Authorization: Bearer <the --admin-token-file token> "
+			"required");
+		return false;
+	}
+	return true;
+}
+
 void admin_keys_handle(struct admin_keys *ak, struct evhttp_request *req,
 		       const char *rest)
 {
@@ -335,25 +364,8 @@ void admin_keys_handle(struct admin_keys *ak, struct evhttp_request *req,
 		goto oom;
 	c->q = (struct keys_query){ .key = c->key, .route = c->route,
 				    .scope = c->scope, .body = body };
-	if ((c->purge || body) && !ak->token_set) {
-		problem(req, 403, "Forbidden", "admin-token-required",
-			c->purge ? "DELETE /keys is off: start idemproxy with "
-				   "--admin-token-file" :
-				   "body=1 is off: start idemproxy with "
-				   "--admin-token-file");
+	if (!call_allowed(ak, c, req, body))
 		goto done;
-	}
-	if ((c->purge || body) && !authorized(ak, req)) {
-		log_warn("audit: %s /keys/%s by %s: refused (no or wrong bearer "
-			 "token)", c->purge ? "DELETE" : "GET body of",
-			 c->key, c->who);
-		evhttp_add_header(evhttp_request_get_output_headers(req),
-				  "WWW-Authenticate", "Bearer realm=\"idemproxy\"");
-		problem(req, 401, "Unauthorized", "admin-token-required",
-			"Authorization: Bearer <the --admin-token-file token> "
-			"required");
-		goto done;
-	}
 	if (strlen(c->key) != klen ||
 	    keys_address(ak->cfg, &c->q, &c->k, err, sizeof(err)) < 0) {
 		problem(req, 400, "Bad Request", "bad-request",

@@ -38,7 +38,8 @@
  * closing this connection never aborts it.
  *
  * Who does what: conn.c is the connection (state machine, lifecycle, socket
- * callbacks, pass-through streaming); h1.c collects heads and frames
+ * callbacks, parsing); conn_pass.c streams a pass-through exchange;
+ * conn_keyed.c is the keyed side; h1.c collects heads and frames
  * chunks for both sides; reqhead.c writes the upstream request head;
  * reply.c writes every response the proxy makes itself; keyed.c prepares
  * keyed requests; issue.c mints and checks issued keys.
@@ -77,9 +78,7 @@
 #include "worker.h"
 
 static void conn_parse(struct conn *c);
-static void pump_body(struct conn *c);
 
-static const struct upstream_cbs up_cbs;
 static const llhttp_settings_t parser_settings;
 
 /* "keep_alive|req_done" for logs. */
@@ -211,7 +210,7 @@ bool conn_upstream_error(struct conn *c, enum upstream_error err)
 /* ---- reading --------------------------------------------------------- */
 
 /* Read from the client again (after a pause, or for the next request). */
-static void conn_read_on(struct conn *c)
+void conn_read_on(struct conn *c)
 {
 	bufferevent_enable(c->bev, EV_READ);
 	conn_tls_pump_later(c);
@@ -549,115 +548,6 @@ int conn_feed_parser(struct conn *c)
 	return 0;
 }
 
-/* ---- pass-through -------------------------------------------------------- */
-
-static bool idempotent_method(int method)
-{
-	return method == HTTP_GET || method == HTTP_HEAD ||
-	       method == HTTP_OPTIONS || method == HTTP_TRACE;
-}
-
-/* Open the exchange and send the head; the body follows in pump_body. */
-static int start_exchange(struct conn *c, bool fresh)
-{
-	struct reqhead rh = {
-		.method = c->method,
-		.target = c->fwd,
-		.fields = &c->head.fields, .peer = c->peer,
-		.tls = c->ssl != NULL, .cfg = c->cfg,
-		.body = c->req_body, .length = c->req_length,
-	};
-
-	/* a request that is not retried on a stale connection (it has a
-	 * body, or is not idempotent) is sent on one checked alive */
-	unsigned how = fresh ? UPSTREAM_FRESH :
-		       c->req_body == BODY_NONE && idempotent_method(c->method) ?
-		       0 : UPSTREAM_CHECK;
-
-	c->up = upstream_acquire(c->w->pool, &up_cbs, c,
-				 c->cfg->upstream_timeout_ms,
-				 c->method == HTTP_HEAD, how);
-	if (c->up == NULL)
-		return -1;
-	c->mode = CONN_MODE_PASS;
-	c->up_start_ms = clock_ms();
-	reqhead_write(upstream_output(c->up), &rh);
-	return 0;
-}
-
-/* The whole request has been read and queued for the upstream. */
-static void request_complete(struct conn *c)
-{
-	cf_set(c, CF(REQ_DONE));
-	conn_read_timeout(c, 0);
-	if (cf_has(c, CF(CLIENT_PAUSED))) {
-		cf_clr(c, CF(CLIENT_PAUSED));
-		conn_read_on(c);
-	}
-	if (c->up != NULL)
-		upstream_request_sent(c->up);
-}
-
-/*
- * Move request body bytes from the client to the upstream, as far as the
- * input and the upstream's buffer allow.
- */
-static void pump_body(struct conn *c)
-{
-	struct evbuffer *in = bufferevent_get_input(c->bev);
-
-	if (cf_has(c, CF(REQ_DONE)) || c->state != CONN_ST_FORWARD || c->up == NULL)
-		return;
-	if (c->req_body == BODY_LENGTH) {
-		size_t n = evbuffer_get_length(in);
-
-		if (n > c->req_remaining)
-			n = (size_t)c->req_remaining;
-		if (n > 0)
-			evbuffer_remove_buffer(in, upstream_output(c->up), n);
-		c->req_remaining -= n;
-		if (c->req_remaining == 0) {
-			request_complete(c);
-			return;
-		}
-	} else {
-		int rc = conn_feed_parser(c);
-
-		if (rc < 0)
-			return;
-		if (rc == 1) {
-			h1_last_chunk(upstream_output(c->up));
-			request_complete(c);
-			return;
-		}
-	}
-	if (c->up != NULL && upstream_output_pending(c->up) > CONN_HIGH &&
-	    !cf_has(c, CF(CLIENT_PAUSED))) {
-		cf_set(c, CF(CLIENT_PAUSED));
-		bufferevent_disable(c->bev, EV_READ);
-	}
-}
-
-/* Forward the request as it is (DESIGN.md §1 item 1). */
-void conn_forward(struct conn *c)
-{
-	conn_set_state(c, CONN_ST_FORWARD);
-	if (start_exchange(c, false) < 0) {
-		metrics_upstream_error(UPSTREAM_ERROR_CONNECT);
-		respond_problem(c, PROBLEM_UPSTREAM_UNAVAILABLE,
-				"cannot open a connection to the upstream", false);
-		return;
-	}
-	if (c->req_body == BODY_NONE) {
-		request_complete(c);
-		return;
-	}
-	conn_read_timeout(c, c->cfg->client_timeout_ms);
-	if (c->req_body == BODY_CHUNKED)
-		llhttp_resume(&c->parser);
-	pump_body(c);
-}
-
 /* ---- the head ------------------------------------------------------------ */
 
 /* What llhttp leaves to us: a request we refuse before deciding. NULL when
@@ -807,79 +697,6 @@ void conn_client_done(struct conn *c)
 		h1_last_chunk(bufferevent_get_output(c->bev));
 }
 
-static void up_on_head(void *arg, const struct upstream_resp *r)
-{
-	conn_client_head(arg, r);
-}
-
-static void up_on_body(void *arg, struct evbuffer *src, size_t len)
-{
-	struct conn *c = arg;
-
-	if (conn_client_body(c, src, len))
-		upstream_pause_read(c->up, true);
-}
-
-static void up_on_done(void *arg)
-{
-	struct conn *c = arg;
-
-	conn_client_done(c);
-	metrics_observe(HISTOGRAM_upstream_seconds,
-			(double)(clock_ms() - c->up_start_ms) / 1e3);
-	if (!cf_has(c, CF(REQ_DONE))) {
-		/* The upstream answered before reading the whole body. The
-		 * connection cannot carry another request. */
-		upstream_abort(c->up);
-		cf_set(c, CF(CLOSE_AFTER));
-	} else {
-		upstream_release(c->up);
-	}
-	c->up = NULL;
-	conn_end_request(c);
-}
-
-static void up_on_error(void *arg, enum upstream_error err, bool retryable)
-{
-	struct conn *c = arg;
-
-	c->up = NULL;
-	if (retryable && !cf_has(c, CF(RETRIED)) && !cf_has(c, CF(RESP_STARTED)) &&
-	    c->req_body == BODY_NONE && idempotent_method(c->method)) {
-		/* A pooled connection the upstream had closed: nothing was
-		 * executed, and a request without a body can be sent again. */
-		cf_set(c, CF(RETRIED));
-		if (start_exchange(c, true) == 0) {
-			upstream_request_sent(c->up);
-			return;
-		}
-	}
-	log_warn("conn %s: upstream %s on %s %s", c->peer,
-		 upstream_error_name(err),
-		 llhttp_method_name((llhttp_method_t)c->method), c->head.target);
-	if (conn_upstream_error(c, err))
-		conn_end_request(c);
-}
-
-static void up_on_drain(void *arg)
-{
-	struct conn *c = arg;
-
-	if (!cf_has(c, CF(CLIENT_PAUSED)))
-		return;
-	cf_clr(c, CF(CLIENT_PAUSED));
-	conn_read_on(c);
-	pump_body(c);
-}
-
-static const struct upstream_cbs up_cbs = {
-	.on_head = up_on_head,
-	.on_body = up_on_body,
-	.on_done = up_on_done,
-	.on_error = up_on_error,
-	.on_drain = up_on_drain,
-};
-
 /* ---- client socket callbacks --------------------------------------- */
 
 static void read_cb(struct bufferevent *bev, void *arg)
@@ -893,7 +710,7 @@ static void read_cb(struct bufferevent *bev, void *arg)
 		conn_parse(c);
 		break;
 	case CONN_ST_FORWARD:
-		pump_body(c);	/* pipelined input waits once req_done */
+		conn_pass_pump(c);	/* pipelined input waits once req_done */
 		break;
 	case CONN_ST_BODY:
 		conn_keyed_body(c);

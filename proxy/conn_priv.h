@@ -174,10 +174,16 @@ bool conn_upstream_error(struct conn *c, enum upstream_error err);
 void conn_end_request(struct conn *c);
 void conn_close(struct conn *c, const char *reason);
 int conn_feed_parser(struct conn *c);
-void conn_forward(struct conn *c);
+void conn_read_on(struct conn *c);
 void conn_client_head(struct conn *c, const struct upstream_resp *r);
 bool conn_client_body(struct conn *c, struct evbuffer *src, size_t len);
 void conn_client_done(struct conn *c);
+
+/* conn_pass.c: forward the request as it is (the head now, the body as it
+ * comes), and move more of its body when bytes arrive or the upstream
+ * drains. */
+void conn_forward(struct conn *c);
+void conn_pass_pump(struct conn *c);
 
 /* conn_keyed.c: a head is complete (DECIDE); body bytes for a keyed
  * request arrived (BODY). */

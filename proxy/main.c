@@ -321,13 +321,72 @@ static struct store *open_store(const struct config *cfg)
 	return s;
 }
 
+/* Every worker, set up with its listening sockets (port: the one bound,
+ * for the log). */
+static int workers_init(struct daemon *d, const struct upstream_target *t,
+			char *port, size_t portlen)
+{
+	struct config *cfg = d->cfg;
+	struct addrs listen;
+	char err[512];
+
+	d->workers = calloc((size_t)cfg->workers, sizeof(*d->workers));
+	if (d->workers == NULL)
+		return -1;
+	d->nworkers = cfg->workers;
+	snprintf(port, portlen, "%s", cfg->listen_hp.port);
+	if (addrs_resolve(&listen, cfg->listen_hp.host, port, 1, "--listen",
+			  err, sizeof(err)) < 0) {
+		log_error("%s", err);
+		return -1;
+	}
+	for (int i = 0; i < d->nworkers; i++) {
+		evutil_socket_t fds[ADDRS_MAX];
+		int nfds = open_listeners(&listen, port, portlen, i == 0,
+					  fds, err, sizeof(err));
+
+		if (nfds < 0) {
+			log_error("%s", err);
+			return -1;
+		}
+		if (worker_init(&d->workers[i], i, cfg, fds, nfds, t,
+				d->store, d->tls) < 0)
+			return -1;
+		worker_on_done(&d->workers[i], worker_finished, d);
+		d->started = i + 1;	/* initialised: worker_free is due */
+	}
+	return 0;
+}
+
+/* The main loop's own events: signals, workers ending, the sweeper. */
+static int main_events(struct daemon *d)
+{
+	d->worker_done = event_new(d->base, -1, 0, worker_done_cb, d);
+	d->sig_term = evsignal_new(d->base, SIGTERM, on_stop, d);
+	d->sig_int = evsignal_new(d->base, SIGINT, on_stop, d);
+	d->sig_hup = evsignal_new(d->base, SIGHUP, on_hup, d);
+	d->sweep = event_new(d->base, -1, EV_PERSIST, sweep_cb, d);
+	if (d->sweep != NULL) {
+		struct timeval tv = clock_tv(d->cfg->sweep_interval_ms);
+
+		event_add(d->sweep, &tv);
+		/* at once too: PostgreSQL's partition maintenance starts here,
+		 * on its own timer */
+		store_sweep(d->store, d->base);
+	}
+	if (d->worker_done == NULL || d->sig_term == NULL || d->sig_int == NULL ||
+	    d->sig_hup == NULL || evsignal_add(d->sig_term, NULL) < 0 ||
+	    evsignal_add(d->sig_int, NULL) < 0 || evsignal_add(d->sig_hup, NULL) < 0)
+		return -1;
+	return 0;
+}
+
 static int run(struct daemon *d)
 {
 	struct config *cfg = d->cfg;
 	struct upstream_target target = { .host = cfg->upstream_hp.host,
 					  .port = cfg->upstream_hp.port,
 					  .tls = d->up_tls };
-	struct addrs listen;
 	char port[32];
 	char err[512];
 	char store[1024];
@@ -349,47 +408,8 @@ static int run(struct daemon *d)
 		log_error("%s", err);
 		goto out;
 	}
-	d->workers = calloc((size_t)cfg->workers, sizeof(*d->workers));
-	if (d->workers == NULL)
-		goto out;
-	d->nworkers = cfg->workers;
-	snprintf(port, sizeof(port), "%s", cfg->listen_hp.port);
-	if (addrs_resolve(&listen, cfg->listen_hp.host, port, 1, "--listen",
-			  err, sizeof(err)) < 0) {
-		log_error("%s", err);
-		goto out;
-	}
-	for (int i = 0; i < d->nworkers; i++) {
-		evutil_socket_t fds[ADDRS_MAX];
-		int nfds = open_listeners(&listen, port, sizeof(port), i == 0,
-					  fds, err, sizeof(err));
-
-		if (nfds < 0) {
-			log_error("%s", err);
-			goto out;
-		}
-		if (worker_init(&d->workers[i], i, cfg, fds, nfds, &target,
-				d->store, d->tls) < 0)
-			goto out;
-		worker_on_done(&d->workers[i], worker_finished, d);
-		d->started = i + 1;	/* initialised: worker_free is due */
-	}
-	d->worker_done = event_new(d->base, -1, 0, worker_done_cb, d);
-	d->sig_term = evsignal_new(d->base, SIGTERM, on_stop, d);
-	d->sig_int = evsignal_new(d->base, SIGINT, on_stop, d);
-	d->sig_hup = evsignal_new(d->base, SIGHUP, on_hup, d);
-	d->sweep = event_new(d->base, -1, EV_PERSIST, sweep_cb, d);
-	if (d->sweep != NULL) {
-		struct timeval tv = clock_tv(cfg->sweep_interval_ms);
-
-		event_add(d->sweep, &tv);
-		/* at once too: PostgreSQL's partition maintenance starts here,
-		 * on its own timer */
-		store_sweep(d->store, d->base);
-	}
-	if (d->worker_done == NULL || d->sig_term == NULL || d->sig_int == NULL ||
-	    d->sig_hup == NULL || evsignal_add(d->sig_term, NULL) < 0 ||
-	    evsignal_add(d->sig_int, NULL) < 0 || evsignal_add(d->sig_hup, NULL) < 0)
+	if (workers_init(d, &target, port, sizeof(port)) < 0 ||
+	    main_events(d) < 0)
 		goto out;
 	for (int i = 0; i < d->nworkers; i++) {
 		if (worker_start(&d->workers[i]) < 0) {
@@ -550,98 +570,73 @@ static int keys_usage(const char *why)
  * runs. Exit 0: found (deleted); 1: no such key; 2: usage; 3: the store
  * could not be reached. A one-shot command: its own loop, then gone.
  */
-static int keys_cmd(int argc, char **argv)
-{
-	struct keys_query q = { 0 };
-	struct keys_run r = { 0 };
-	struct config *cfg = NULL, c = { 0 };
-	enum config_action action;
-	const char *file = NULL, *store_url = getenv("IDEMPROXY_STORE");
-	const char *redis_url = getenv("IDEMPROXY_REDIS");
-	struct store *s = NULL;
-	struct store_key k;
-	struct store_op *op;
+/* `idemproxy keys get|delete KEY [options]`, as given. */
+struct keys_args {
+	struct keys_query q;
+	const char *file, *store_url, *redis_url;
 	bool purge;
-	char err[512];
-	int rc = 3;
+};
 
+/* 0, or the exit code of a usage error (said on stderr). */
+static int keys_args_parse(int argc, char **argv, struct keys_args *a)
+{
+	a->store_url = getenv("IDEMPROXY_STORE");
+	a->redis_url = getenv("IDEMPROXY_REDIS");
 	if (argc < 4 || (strcmp(argv[2], "get") != 0 &&
 			 strcmp(argv[2], "delete") != 0))
 		return keys_usage("get or delete, and a key");
-	purge = strcmp(argv[2], "delete") == 0;
-	q.key = argv[3];
+	a->purge = strcmp(argv[2], "delete") == 0;
+	a->q.key = argv[3];
 	for (int i = 4; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 
 		if (strcmp(argv[i], "--body") == 0) {
-			q.body = true;
+			a->q.body = true;
 			continue;
 		}
 		if (v == NULL)
 			return keys_usage("an option without its value");
 		if (strcmp(argv[i], "--route") == 0)
-			q.route = v;
+			a->q.route = v;
 		else if (strcmp(argv[i], "--scope") == 0)
-			q.scope = v;
+			a->q.scope = v;
 		else if (strcmp(argv[i], "--config") == 0)
-			file = v;
+			a->file = v;
 		else if (strcmp(argv[i], "--store") == 0)
-			store_url = v;
+			a->store_url = v;
 		else if (strcmp(argv[i], "--redis") == 0)
-			redis_url = v;
+			a->redis_url = v;
 		else
 			return keys_usage("unknown option");
 		i++;
 	}
-	if (file != NULL) {
-		/* the routes and stores of a running instance's config */
-		char *cargv[] = { argv[0], "--config", (char *)file, NULL };
+	return 0;
+}
 
-		if (config_parse(3, cargv, environ, &cfg, &action, err,
-				 sizeof(err)) < 0) {
-			fprintf(stderr, "idemproxy keys: %s\n", err);
-			return 2;
-		}
-		if (store_url == NULL || strcmp(store_url, "memory") == 0)
-			store_url = cfg->store;
-		if (redis_url == NULL)
-			redis_url = cfg->redis;
-	}
-	if (store_url == NULL || strcmp(store_url, "memory") == 0) {
-		rc = keys_usage("--store postgres://... needed: the memory store "
-				"lives inside its instance (use GET or DELETE "
-				"/keys/KEY on its admin listener)");
-		goto out;
-	}
-	if (keys_address(cfg, &q, &k, err, sizeof(err)) < 0) {
-		rc = keys_usage(err);
-		goto out;
-	}
-	c.store = (char *)store_url;
-	c.store_connections = 1;
-	if (redis_url != NULL && redis_url[0] != '\0') {
-		c.redis = (char *)redis_url;
-		if (hostport_parse_redis_url(redis_url, &c.redis_hp, &c.redis_db,
-					     &c.redis_master, err,
-					     sizeof(err)) < 0) {
-			rc = keys_usage(err);
-			goto out;
-		}
-	}
+/* Ask the stores of c about k (or delete it) and print the answer: 0
+ * found (deleted), 1 not, 3 the store could not be reached. */
+static int keys_ask(struct config *c, const struct keys_query *q,
+		    const struct store_key *k, bool purge)
+{
+	struct keys_run r = { 0 };
+	struct store *s = NULL;
+	struct store_op *op;
+	int rc = 3;
+
 	log_setup(LOG_WARN, LOG_FORMAT_TEXT);
 	r.base = event_base_new();
-	s = r.base != NULL ? open_store(&c) : NULL;
+	s = r.base != NULL ? open_store(c) : NULL;
 	if (s == NULL)
 		goto out;
 	store_thread_init(s, r.base);
-	op = purge ? store_purge(s, r.base, &k, keys_done, &r) :
-		     store_inspect(s, r.base, &k, q.body, keys_done, &r);
+	op = purge ? store_purge(s, r.base, k, keys_done, &r) :
+		     store_inspect(s, r.base, k, q->body, keys_done, &r);
 	while (op != NULL && !r.done)
 		event_base_loop(r.base, EVLOOP_ONCE);
 	if (!r.done || r.res.status == STORE_ERROR) {
 		fprintf(stderr, "idemproxy keys: the store could not be reached\n");
 	} else {
-		keys_render(stdout, &q, &k, purge, &r.res);
+		keys_render(stdout, q, k, purge, &r.res);
 		rc = r.res.status == STORE_OK ? 0 : 1;
 	}
 	stored_response_unref(r.resp);
@@ -650,6 +645,51 @@ out:
 	store_free(s);
 	if (r.base != NULL)
 		event_base_free(r.base);
+	return rc;
+}
+
+static int keys_cmd(int argc, char **argv)
+{
+	struct keys_args a = { 0 };
+	struct config *cfg = NULL, c = { 0 };
+	enum config_action action;
+	struct store_key k;
+	char err[512];
+	int rc = keys_args_parse(argc, argv, &a);
+
+	if (rc != 0)
+		return rc;
+	if (a.file != NULL) {
+		/* the routes and stores of a running instance's config */
+		char *cargv[] = { argv[0], "--config", (char *)a.file, NULL };
+
+		if (config_parse(3, cargv, environ, &cfg, &action, err,
+				 sizeof(err)) < 0) {
+			fprintf(stderr, "idemproxy keys: %s\n", err);
+			return 2;
+		}
+		if (a.store_url == NULL || strcmp(a.store_url, "memory") == 0)
+			a.store_url = cfg->store;
+		if (a.redis_url == NULL)
+			a.redis_url = cfg->redis;
+	}
+	if (a.store_url == NULL || strcmp(a.store_url, "memory") == 0)
+		rc = keys_usage("--store postgres://... needed: the memory store "
+				"lives inside its instance (use GET or DELETE "
+				"/keys/KEY on its admin listener)");
+	else if (keys_address(cfg, &a.q, &k, err, sizeof(err)) < 0)
+		rc = keys_usage(err);
+	c.store = (char *)a.store_url;
+	c.store_connections = 1;
+	if (rc == 0 && a.redis_url != NULL && a.redis_url[0] != '\0') {
+		c.redis = (char *)a.redis_url;
+		if (hostport_parse_redis_url(a.redis_url, &c.redis_hp,
+					     &c.redis_db, &c.redis_master, err,
+					     sizeof(err)) < 0)
+			rc = keys_usage(err);
+	}
+	if (rc == 0)
+		rc = keys_ask(&c, &a.q, &k, a.purge);
 	hostport_clear(&c.redis_hp);
 	free(c.redis_master);
 	config_unref(cfg);

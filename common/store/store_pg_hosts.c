@@ -78,14 +78,92 @@ static const char *default_of(const char *keyword)
 	return NULL;
 }
 
+/* The host, hostaddr and port lists of a string, split. */
+struct lists {
+	char *hv[PG_HOSTS_MAX], *av[PG_HOSTS_MAX], *pv[PG_HOSTS_MAX];
+	int nh, na, np, n;
+	const char *host, *port;	/* as given, for the labels */
+};
+
+/* The keywords every set passes to libpq: every option set, host, hostaddr
+ * and port always (their values differ by host), and those the store
+ * gives a default. Returns how many. */
+static int set_keywords(struct pg_hosts *h, const PQconninfoOption *opts)
+{
+	int nkw = 0;
+
+	h->ihost = h->iaddr = h->iport = -1;
+	for (const PQconninfoOption *o = opts; o->keyword != NULL; o++) {
+		bool per_host = strcmp(o->keyword, "host") == 0 ||
+				strcmp(o->keyword, "hostaddr") == 0 ||
+				strcmp(o->keyword, "port") == 0;
+
+		if (o->val == NULL && !per_host &&
+		    default_of(o->keyword) == NULL)
+			continue;
+		if (strcmp(o->keyword, "host") == 0)
+			h->ihost = nkw;
+		else if (strcmp(o->keyword, "hostaddr") == 0)
+			h->iaddr = nkw;
+		else if (strcmp(o->keyword, "port") == 0)
+			h->iport = nkw;
+		h->keywords[nkw++] = o->keyword;
+	}
+	return nkw;
+}
+
+/* Set i: its values, the hosts it names, its label. -1: out of memory. */
+static int set_host(struct pg_hosts *h, int i, int nkw,
+		    const PQconninfoOption *opts, const struct lists *l)
+{
+	const PQconninfoOption *o;
+	const char *hs, *ps;
+
+	h->values[i] = calloc((size_t)nkw + 1, sizeof(char *));
+	if (h->values[i] == NULL)
+		return -1;
+	for (int k = 0; k < nkw; k++) {
+		for (o = opts; o->keyword != h->keywords[k]; o++)
+			;
+		h->values[i][k] = o->val != NULL ? o->val :
+				  default_of(o->keyword);
+	}
+	if (h->probe) {
+		if (h->ihost >= 0)
+			h->values[i][h->ihost] = l->nh > 1 ? l->hv[i] : l->hv[0];
+		if (h->iaddr >= 0)
+			h->values[i][h->iaddr] = l->na > 1 ? l->av[i] : l->av[0];
+		if (h->iport >= 0)
+			h->values[i][h->iport] = l->np > 1 ? l->pv[i] : l->pv[0];
+	}
+	for (int e = 0; e < (h->probe ? 1 : l->n); e++) {
+		int x = h->probe ? i : e;
+
+		h->ent[i][e].host = l->nh > 1 ? l->hv[x] : l->hv[0];
+		h->ent[i][e].hostaddr = l->na > 1 ? l->av[x] : l->av[0];
+		h->ent[i][e].port = l->np > 1 ? l->pv[x] : l->pv[0];
+	}
+	h->nent[i] = h->probe ? 1 : l->n;
+	hs = l->nh > 1 ? l->hv[i] : l->hv[0];
+	if (hs == NULL || hs[0] == '\0')
+		hs = l->na > 1 ? l->av[i] : l->av[0];
+	ps = l->np > 1 ? l->pv[i] : l->pv[0];
+	snprintf(h->label[i], sizeof(h->label[i]), "%s:%s",
+		 hs != NULL && hs[0] != '\0' && h->probe ? hs :
+		 l->host != NULL ? l->host : "(default)",
+		 ps != NULL && ps[0] != '\0' && h->probe ? ps :
+		 l->port != NULL ? l->port : "5432");
+	return 0;
+}
+
 int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
 		   size_t errlen)
 {
 	char *perr = NULL, *at;
 	PQconninfoOption *opts = PQconninfoParse(conninfo, &perr), *o;
-	const char *host = NULL, *hostaddr = NULL, *port = NULL, *tsa = NULL;
-	char *hv[PG_HOSTS_MAX], *av[PG_HOSTS_MAX], *pv[PG_HOSTS_MAX];
-	int nh, na, np, n, nkw = 0, ihost = -1, iaddr = -1, iport = -1;
+	const char *hostaddr = NULL, *tsa = NULL;
+	struct lists l = { .host = NULL };
+	int nkw;
 	size_t len = 4, total = 0;
 
 	memset(h, 0, sizeof(*h));
@@ -101,11 +179,11 @@ int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
 		if (o->val == NULL)
 			continue;
 		if (strcmp(o->keyword, "host") == 0)
-			host = o->val;
+			l.host = o->val;
 		else if (strcmp(o->keyword, "hostaddr") == 0)
 			hostaddr = o->val;
 		else if (strcmp(o->keyword, "port") == 0)
-			port = o->val;
+			l.port = o->val;
 		else if (strcmp(o->keyword, "target_session_attrs") == 0)
 			tsa = o->val;
 		len += strlen(o->val) + 1;
@@ -115,82 +193,26 @@ int pg_hosts_parse(struct pg_hosts *h, const char *conninfo, char *err,
 	if (h->buf == NULL || h->keywords == NULL)
 		goto oom;
 	at = h->buf;
-	nh = split(dup_into(&at, host), hv);
-	na = split(dup_into(&at, hostaddr), av);
-	np = split(dup_into(&at, port), pv);
-	n = nh > na ? nh : na;
-	if (n > PG_HOSTS_MAX || np > PG_HOSTS_MAX) {
+	l.nh = split(dup_into(&at, l.host), l.hv);
+	l.na = split(dup_into(&at, hostaddr), l.av);
+	l.np = split(dup_into(&at, l.port), l.pv);
+	l.n = l.nh > l.na ? l.nh : l.na;
+	if (l.n > PG_HOSTS_MAX || l.np > PG_HOSTS_MAX) {
 		snprintf(err, errlen, "--store: more than %d hosts", PG_HOSTS_MAX);
 		goto fail;
 	}
-	if ((host != NULL && hostaddr != NULL && nh != na) ||
-	    (np > 1 && np != n)) {
+	if ((l.host != NULL && hostaddr != NULL && l.nh != l.na) ||
+	    (l.np > 1 && l.np != l.n)) {
 		snprintf(err, errlen, "--store: %d hosts, %d host addresses and "
-			 "%d ports do not match", nh, na, np);
+			 "%d ports do not match", l.nh, l.na, l.np);
 		goto fail;
 	}
-	h->probe = n > 1 && wants_primary(tsa);
-	h->n = h->probe ? n : 1;
-
-	/* the keywords: every option set, host/hostaddr/port always (their
-	 * values differ by host), target_session_attrs always */
-	for (o = opts; o->keyword != NULL; o++) {
-		bool per_host = strcmp(o->keyword, "host") == 0 ||
-				strcmp(o->keyword, "hostaddr") == 0 ||
-				strcmp(o->keyword, "port") == 0;
-
-		if (o->val == NULL && !per_host &&
-		    default_of(o->keyword) == NULL)
-			continue;
-		if (strcmp(o->keyword, "host") == 0)
-			ihost = nkw;
-		else if (strcmp(o->keyword, "hostaddr") == 0)
-			iaddr = nkw;
-		else if (strcmp(o->keyword, "port") == 0)
-			iport = nkw;
-		h->keywords[nkw++] = o->keyword;
-	}
-	h->ihost = ihost;
-	h->iaddr = iaddr;
-	h->iport = iport;
-	for (int i = 0; i < h->n; i++) {
-		const char *hs, *ps;
-
-		h->values[i] = calloc((size_t)nkw + 1, sizeof(char *));
-		if (h->values[i] == NULL)
+	h->probe = l.n > 1 && wants_primary(tsa);
+	h->n = h->probe ? l.n : 1;
+	nkw = set_keywords(h, opts);
+	for (int i = 0; i < h->n; i++)
+		if (set_host(h, i, nkw, opts, &l) < 0)
 			goto oom;
-		for (int k = 0; k < nkw; k++) {
-			for (o = opts; o->keyword != h->keywords[k]; o++)
-				;
-			h->values[i][k] = o->val != NULL ? o->val :
-					  default_of(o->keyword);
-		}
-		if (h->probe) {
-			if (ihost >= 0)
-				h->values[i][ihost] = nh > 1 ? hv[i] : hv[0];
-			if (iaddr >= 0)
-				h->values[i][iaddr] = na > 1 ? av[i] : av[0];
-			if (iport >= 0)
-				h->values[i][iport] = np > 1 ? pv[i] : pv[0];
-		}
-		for (int e = 0; e < (h->probe ? 1 : n); e++) {
-			int x = h->probe ? i : e;
-
-			h->ent[i][e].host = nh > 1 ? hv[x] : hv[0];
-			h->ent[i][e].hostaddr = na > 1 ? av[x] : av[0];
-			h->ent[i][e].port = np > 1 ? pv[x] : pv[0];
-		}
-		h->nent[i] = h->probe ? 1 : n;
-		hs = nh > 1 ? hv[i] : hv[0];
-		if (hs == NULL || hs[0] == '\0')
-			hs = na > 1 ? av[i] : av[0];
-		ps = np > 1 ? pv[i] : pv[0];
-		snprintf(h->label[i], sizeof(h->label[i]), "%s:%s",
-			 hs != NULL && hs[0] != '\0' && h->probe ? hs :
-			 host != NULL ? host : "(default)",
-			 ps != NULL && ps[0] != '\0' && h->probe ? ps :
-			 port != NULL ? port : "5432");
-	}
 	return 0;
 oom:
 	snprintf(err, errlen, "--store: out of memory");

@@ -49,6 +49,16 @@ static void split_by_host(void)
 
 	ok(pg_hosts_parse(&h, "host=a,b port=1,2,3", err, sizeof(err)) < 0,
 	   "ports that do not match the hosts: refused (%s)", err);
+
+	ok(pg_hosts_parse(&h, "postgres://a/x?keepalives_idle=30", err,
+			  sizeof(err)) == 0, "one host parses");
+	is_str(value(&h, h.values[0], "keepalives_idle"), "30",
+	       "keepalives_idle as the URL says");
+	is_str(value(&h, h.values[0], "keepalives_count"), "3",
+	       "keepalives_count: the store's default");
+	is_str(value(&h, h.values[0], "tcp_user_timeout"), "10000",
+	       "tcp_user_timeout: the store's default");
+	pg_hosts_free(&h);
 }
 
 static void resolved_values(void)
