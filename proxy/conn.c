@@ -75,7 +75,7 @@
 #include "store.h"
 #include "tls.h"
 #include "upstream.h"
-#include "worker.h"
+#include "loop.h"
 
 static void conn_parse(struct conn *c);
 
@@ -130,7 +130,7 @@ void conn_set_state(struct conn *c, enum conn_state next)
 void conn_read_timeout(struct conn *c, uint64_t ms)
 {
 	struct timeval rd = clock_tv(ms);
-	struct timeval wr = clock_tv(c->w->cfg->idle_timeout_ms);
+	struct timeval wr = clock_tv(c->loop->cfg->idle_timeout_ms);
 
 	bufferevent_set_timeouts(c->bev, ms ? &rd : NULL, &wr);
 }
@@ -301,9 +301,9 @@ void conn_close(struct conn *c, const char *reason)
 	bufferevent_disable(c->bev, EV_READ | EV_WRITE);
 	bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
 	conn_set_state(c, CONN_ST_CLOSED);
-	TAILQ_REMOVE(&c->w->conns, c, link);
-	TAILQ_INSERT_TAIL(&c->w->reap, c, link);
-	worker_reap_later(c->w);
+	TAILQ_REMOVE(&c->loop->conns, c, link);
+	TAILQ_INSERT_TAIL(&c->loop->reap, c, link);
+	conn_loop_reap_later(c->loop);
 }
 
 struct conn *conn_next(struct conn *c)
@@ -313,7 +313,7 @@ struct conn *conn_next(struct conn *c)
 
 void conn_free(struct conn *c)
 {
-	TAILQ_REMOVE(&c->w->reap, c, link);
+	TAILQ_REMOVE(&c->loop->reap, c, link);
 	if (c->cfg != NULL)
 		config_unref(c->cfg);
 	bufferevent_free(c->bev);
@@ -336,7 +336,7 @@ static void reset_request(struct conn *c)
 		config_unref(c->cfg);
 		c->cfg = NULL;
 	}
-	h1_head_reset(&c->head, c->w->cfg->max_header_size);
+	h1_head_reset(&c->head, c->loop->cfg->max_header_size);
 	c->fwd = c->match = NULL;
 	c->flags = 0;
 	c->mode = CONN_MODE_NONE;
@@ -373,7 +373,7 @@ void conn_end_request(struct conn *c)
 	}
 	conn_set_state(c, CONN_ST_IDLE);
 	conn_read_on(c);
-	conn_read_timeout(c, c->w->cfg->idle_timeout_ms);
+	conn_read_timeout(c, c->loop->cfg->idle_timeout_ms);
 	/* Pipelined requests are parsed on the next loop turn (kick_cb), not
 	 * here: we may be deep inside an upstream callback. */
 	if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
@@ -402,7 +402,7 @@ static int on_message_begin(llhttp_t *p)
 	struct timeval tv;
 
 	conn_set_state(c, CONN_ST_READ_HEAD);
-	c->cfg = config_ref(c->w->cfg);
+	c->cfg = config_ref(c->loop->cfg);
 	c->head.max = c->cfg->max_header_size;
 	tv = clock_tv(c->cfg->client_timeout_ms);
 	conn_read_timeout(c, 0);
@@ -889,7 +889,7 @@ static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *in
 		event_active(c->flush, EV_WRITE, 1);
 }
 
-struct conn *conn_new(struct worker *w, evutil_socket_t fd,
+struct conn *conn_new(struct conn_loop *w, evutil_socket_t fd,
 		      const struct sockaddr *peer, socklen_t peerlen)
 {
 	struct conn *c = calloc(1, sizeof(*c));
@@ -897,7 +897,7 @@ struct conn *conn_new(struct worker *w, evutil_socket_t fd,
 
 	if (c == NULL)
 		goto fail;
-	c->w = w;
+	c->loop = w;
 	c->method = -1;
 	if (w->tls != NULL) {
 		if (conn_tls_accept(c, fd) < 0) {

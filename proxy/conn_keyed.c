@@ -32,7 +32,7 @@
 #include "route.h"
 #include "store.h"
 #include "upstream.h"
-#include "worker.h"
+#include "loop.h"
 
 /* ---- keyed requests: the idempotency engine's client side -------------- */
 
@@ -174,7 +174,7 @@ static void issue_key(struct conn *c)
 	}
 	issue_marker(c->key.key, issue_marker_ttl(c->cfg), &m);
 	conn_set_state(c, CONN_ST_CLAIM);
-	c->issue_op = store_claim(c->w->store, c->w->base, &m, on_issued, c);
+	c->issue_op = store_claim(c->loop->store, c->loop->base, &m, on_issued, c);
 	if (c->issue_op == NULL) {
 		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
 		       OUTCOME_STORE_UNAVAILABLE, false);
@@ -213,7 +213,7 @@ static void start_claim(struct conn *c)
 		conn_answer(c, a.problem, a.detail, a.outcome, a.close);
 		return;
 	}
-	c->idem = idem_start(&c->w->idem, &req, &conn_sink, c);
+	c->idem = idem_start(&c->loop->idem, &req, &conn_sink, c);
 	if (c->idem == NULL) {
 		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot start the claim",
 		       OUTCOME_STORE_UNAVAILABLE, false);

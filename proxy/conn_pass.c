@@ -25,7 +25,7 @@
 #include "metrics.h"
 #include "reqhead.h"
 #include "upstream.h"
-#include "worker.h"
+#include "loop.h"
 
 static const struct upstream_cbs up_cbs;
 
@@ -53,7 +53,7 @@ static int start_exchange(struct conn *c, bool fresh)
 		       c->req_body == BODY_NONE && idempotent_method(c->method) ?
 		       0 : UPSTREAM_CHECK;
 
-	c->up = upstream_acquire(c->w->pool, &up_cbs, c,
+	c->up = upstream_acquire(c->loop->pool, &up_cbs, c,
 				 c->cfg->upstream_timeout_ms,
 				 c->method == HTTP_HEAD, how);
 	if (c->up == NULL)

@@ -31,7 +31,7 @@ struct policy;
 struct store_op;
 struct upstream;
 struct upstream_resp;
-struct worker;
+struct conn_loop;
 
 /* Output above this pauses the side that fills it. */
 #define CONN_HIGH (256 * 1024)
@@ -102,7 +102,7 @@ enum {
 #define CF(name) (1u << CONN_BIT_##name)
 
 struct conn {
-	struct worker *w;
+	struct conn_loop *loop;
 	TAILQ_ENTRY(conn) link;
 	struct bufferevent *bev;
 	struct ssl_st *ssl;		/* the bufferevent's; NULL: plain */

@@ -20,7 +20,7 @@
 #include "problem.h"
 #include "reply.h"
 #include "tls.h"
-#include "worker.h"
+#include "loop.h"
 
 /*
  * libevent's OpenSSL bufferevent stops reading at the read high watermark
@@ -59,7 +59,7 @@ static void input_changed(struct evbuffer *buf,
 /* A TLS listener's connection: the bufferevent runs the handshake. */
 int conn_tls_accept(struct conn *c, evutil_socket_t fd)
 {
-	struct worker *w = c->w;
+	struct conn_loop *w = c->loop;
 	SSL *ssl = tls_listener_ssl(w->tls);
 
 	if (ssl == NULL)

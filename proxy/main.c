@@ -194,8 +194,8 @@ static void worker_done_cb(evutil_socket_t fd, short what, void *arg)
 	/* Activations from several threads may coalesce: count by asking
 	 * each worker's loop whether it has ended. */
 	for (int i = 0; i < d->started; i++)
-		if (event_base_got_exit(d->workers[i].base) ||
-		    event_base_got_break(d->workers[i].base))
+		if (event_base_got_exit(d->workers[i].loop.base) ||
+		    event_base_got_break(d->workers[i].loop.base))
 			done++;
 	d->done = done;
 	if (d->done == d->started) {

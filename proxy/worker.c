@@ -53,22 +53,17 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 	struct worker *w = arg;
 	struct conn *c;
 
-	while ((c = TAILQ_FIRST(&w->reap)) != NULL) {
+	while ((c = TAILQ_FIRST(&w->loop.reap)) != NULL) {
 		conn_free(c);
 		w->nconns--;
 	}
 	if (w->listener_paused && !w->draining &&
-	    w->nconns < w->cfg->max_connections) {
+	    w->nconns < w->loop.cfg->max_connections) {
 		w->listener_paused = false;
 		listeners_enable(w, true);
 	}
-	if (w->draining && w->nconns == 0 && w->idem.norphans == 0)
-		event_base_loopexit(w->base, NULL);
-}
-
-void worker_reap_later(struct worker *w)
-{
-	event_active(w->reap_ev, EV_TIMEOUT, 1);
+	if (w->draining && w->nconns == 0 && w->loop.idem.norphans == 0)
+		event_base_loopexit(w->loop.base, NULL);
 }
 
 static void accept_cb(struct evconnlistener *l, evutil_socket_t fd,
@@ -76,14 +71,14 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd,
 {
 	struct worker *w = arg;
 
-	if (conn_new(w, fd, peer, (socklen_t)peerlen) == NULL) {
+	if (conn_new(&w->loop, fd, peer, (socklen_t)peerlen) == NULL) {
 		log_warn("worker %d: cannot set up a connection", w->id);
 		return;
 	}
 	w->nconns++;
-	if (w->nconns >= w->cfg->max_connections && !w->listener_paused) {
+	if (w->nconns >= w->loop.cfg->max_connections && !w->listener_paused) {
 		log_warn("worker %d: max_connections (%d) reached, pausing accept",
-			 w->id, w->cfg->max_connections);
+			 w->id, w->loop.cfg->max_connections);
 		w->listener_paused = true;
 		listeners_enable(w, false);
 	}
@@ -118,19 +113,19 @@ static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
 
 	log_warn("worker %d: drain timeout, closing %d connection(s)", w->id,
 		 w->nconns);
-	for (c = TAILQ_FIRST(&w->conns); c != NULL; c = next) {
+	for (c = TAILQ_FIRST(&w->loop.conns); c != NULL; c = next) {
 		next = conn_next(c);
 		conn_abort(c);
 	}
-	idem_abort_orphans(&w->idem);
-	worker_reap_later(w);
+	idem_abort_orphans(&w->loop.idem);
+	conn_loop_reap_later(&w->loop);
 }
 
 /* SIGTERM: stop accepting, close idle connections, let the others finish
  * within drain_timeout. */
 static void start_drain(struct worker *w)
 {
-	struct timeval tv = clock_tv(w->cfg->drain_timeout_ms);
+	struct timeval tv = clock_tv(w->loop.cfg->drain_timeout_ms);
 	struct conn *c, *next;
 
 	if (w->draining)
@@ -138,13 +133,13 @@ static void start_drain(struct worker *w)
 	w->draining = true;
 	listeners_free(w);
 	evtimer_del(w->accept_retry);
-	for (c = TAILQ_FIRST(&w->conns); c != NULL; c = next) {
+	for (c = TAILQ_FIRST(&w->loop.conns); c != NULL; c = next) {
 		next = conn_next(c);
 		conn_drain(c);
 	}
-	upstream_pool_close_idle(w->pool);
+	upstream_pool_close_idle(w->loop.pool);
 	evtimer_add(w->drain_timer, &tv);
-	worker_reap_later(w);
+	conn_loop_reap_later(&w->loop);
 }
 
 static void notify_cb(evutil_socket_t fd, short what, void *arg)
@@ -153,8 +148,8 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 	struct config *cfg = atomic_exchange(&w->next_cfg, NULL);
 
 	if (cfg != NULL) {
-		config_unref(w->cfg);
-		w->cfg = cfg;
+		config_unref(w->loop.cfg);
+		w->loop.cfg = cfg;
 	}
 	if (atomic_load(&w->stop))
 		start_drain(w);
@@ -166,7 +161,7 @@ static void orphans_changed(void *arg)
 	struct worker *w = arg;
 
 	if (w->draining)
-		worker_reap_later(w);
+		conn_loop_reap_later(&w->loop);
 }
 
 /*
@@ -195,34 +190,34 @@ int worker_init(struct worker *w, int id, struct config *cfg,
 {
 	memset(w, 0, sizeof(*w));
 	w->id = id;
-	w->tls = tls;
+	w->loop.tls = tls;
 	w->nlisten = nfds;
 	for (int i = 0; i < nfds; i++)
 		w->listen_fds[i] = fds[i];
-	w->cfg = config_ref(cfg);
-	TAILQ_INIT(&w->conns);
-	TAILQ_INIT(&w->reap);
+	w->loop.cfg = config_ref(cfg);
+	TAILQ_INIT(&w->loop.conns);
+	TAILQ_INIT(&w->loop.reap);
 	atomic_init(&w->next_cfg, NULL);
 	atomic_init(&w->stop, false);
-	w->base = new_base();
-	if (w->base == NULL)
+	w->loop.base = new_base();
+	if (w->loop.base == NULL)
 		goto fail;
-	w->pool = upstream_pool_new(w->base, t);
-	w->store = store;
-	if (idem_env_init(&w->idem, w->base, w->pool, store) < 0)
+	w->loop.pool = upstream_pool_new(w->loop.base, t);
+	w->loop.store = store;
+	if (idem_env_init(&w->loop.idem, w->loop.base, w->loop.pool, store) < 0)
 		goto fail;
-	w->idem.orphans_changed = orphans_changed;
-	w->idem.orphans_arg = w;
-	store_thread_init(store, w->base);
-	w->notify = event_new(w->base, -1, 0, notify_cb, w);
-	w->reap_ev = event_new(w->base, -1, 0, reap_cb, w);
-	w->drain_timer = evtimer_new(w->base, drain_timeout_cb, w);
-	w->accept_retry = evtimer_new(w->base, accept_retry_cb, w);
-	if (w->pool == NULL || w->notify == NULL || w->reap_ev == NULL ||
+	w->loop.idem.orphans_changed = orphans_changed;
+	w->loop.idem.orphans_arg = w;
+	store_thread_init(store, w->loop.base);
+	w->notify = event_new(w->loop.base, -1, 0, notify_cb, w);
+	w->loop.reap_ev = event_new(w->loop.base, -1, 0, reap_cb, w);
+	w->drain_timer = evtimer_new(w->loop.base, drain_timeout_cb, w);
+	w->accept_retry = evtimer_new(w->loop.base, accept_retry_cb, w);
+	if (w->loop.pool == NULL || w->notify == NULL || w->loop.reap_ev == NULL ||
 	    w->drain_timer == NULL || w->accept_retry == NULL)
 		goto fail;
 	for (int i = 0; i < nfds; i++) {
-		w->listeners[i] = evconnlistener_new(w->base, accept_cb, w,
+		w->listeners[i] = evconnlistener_new(w->loop.base, accept_cb, w,
 						     LEV_OPT_CLOSE_ON_FREE, -1,
 						     fds[i]);
 		if (w->listeners[i] == NULL)
@@ -241,7 +236,7 @@ static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
 
-	event_base_dispatch(w->base);
+	event_base_dispatch(w->loop.base);
 	if (w->done_fn != NULL)
 		w->done_fn(w, w->done_arg);
 	return NULL;
@@ -288,27 +283,27 @@ void worker_free(struct worker *w)
 	struct conn *c;
 
 	/* connections still open when the loop ended (drain timeout) */
-	while ((c = TAILQ_FIRST(&w->conns)) != NULL)
+	while ((c = TAILQ_FIRST(&w->loop.conns)) != NULL)
 		conn_abort(c);
-	while ((c = TAILQ_FIRST(&w->reap)) != NULL)
+	while ((c = TAILQ_FIRST(&w->loop.reap)) != NULL)
 		conn_free(c);
-	idem_env_free(&w->idem);
+	idem_env_free(&w->loop.idem);
 	listeners_free(w);
-	upstream_pool_free(w->pool);
-	if (w->store != NULL && w->base != NULL)
-		store_thread_done(w->store, w->base);
+	upstream_pool_free(w->loop.pool);
+	if (w->loop.store != NULL && w->loop.base != NULL)
+		store_thread_done(w->loop.store, w->loop.base);
 	if (w->notify != NULL)
 		event_free(w->notify);
-	if (w->reap_ev != NULL)
-		event_free(w->reap_ev);
+	if (w->loop.reap_ev != NULL)
+		event_free(w->loop.reap_ev);
 	if (w->drain_timer != NULL)
 		event_free(w->drain_timer);
 	if (w->accept_retry != NULL)
 		event_free(w->accept_retry);
-	if (w->base != NULL)
-		event_base_free(w->base);
+	if (w->loop.base != NULL)
+		event_base_free(w->loop.base);
 	if (pending != NULL)
 		config_unref(pending);
-	if (w->cfg != NULL)
-		config_unref(w->cfg);
+	if (w->loop.cfg != NULL)
+		config_unref(w->loop.cfg);
 }

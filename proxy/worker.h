@@ -16,6 +16,7 @@
 #include "addrs.h"
 #include "compiler.h"
 #include "idem.h"
+#include "loop.h"
 #include "store.h"
 #include "upstream.h"
 
@@ -27,30 +28,20 @@ struct worker;
 /* Called on the worker's own thread when its loop has ended. */
 typedef void (*worker_done_fn)(struct worker *w, void *arg);
 
-TAILQ_HEAD(conn_list, conn);
-
 struct worker {
 	int id;
 	pthread_t thread;
-	struct event_base *base;
 	/* bound and listening, made by main: one per address of --listen */
 	evutil_socket_t listen_fds[ADDRS_MAX];
 	struct evconnlistener *listeners[ADDRS_MAX];
 	int nlisten;
-	struct upstream_pool *pool;
-	struct store *store;		/* shared by all workers */
-	struct tls_listener *tls;	/* shared; NULL: the listener is plain */
-	struct idem_env idem;		/* what the engine borrows */
-	struct config *cfg;		/* this loop's current config (a ref) */
-
-	struct conn_list conns;		/* every open client connection */
-	struct conn_list reap;		/* closed, to be freed next turn */
+	struct conn_loop loop;		/* what its connections borrow:
+					 * base, cfg, pool, store, lists */
 	int nconns;
 	bool listener_paused;		/* at max_connections */
 	bool draining;
 
 	struct event *notify;		/* main thread -> worker: see below */
-	struct event *reap_ev;
 	struct event *drain_timer;
 	struct event *accept_retry;
 	_Atomic(struct config *) next_cfg;	/* set by main on SIGHUP */
@@ -76,8 +67,5 @@ void worker_free(struct worker *w);
 
 /* Set by main before starting workers, to be woken when a loop ends. */
 void worker_on_done(struct worker *w, worker_done_fn fn, void *arg);
-
-/* For conn.c: free the connections on w->reap on the next loop turn. */
-void worker_reap_later(struct worker *w);
 
 #endif
