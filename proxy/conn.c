@@ -498,8 +498,7 @@ static void parse_failed(struct conn *c)
 	char detail[160];
 
 	if (cf_has(c, CF(BODY_BUSY))) {
-		conn_answer(c, PROBLEM_SERVER_BUSY, "too many request bodies are "
-			    "being buffered; retry", OUTCOME_BUSY, true);
+		conn_keyed_refused(c, BODY_BUSY);
 	} else if (cf_has(c, CF(BODY_TOO_LARGE))) {
 		conn_answer(c, PROBLEM_BODY_TOO_LARGE, "the request body is larger "
 		       "than max_body", OUTCOME_TOO_LARGE, true);
@@ -889,7 +888,7 @@ static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *in
 		event_active(c->flush, EV_WRITE, 1);
 }
 
-struct conn *conn_new(struct conn_loop *w, evutil_socket_t fd,
+struct conn *conn_new(struct conn_loop *l, evutil_socket_t fd,
 		      const struct sockaddr *peer, socklen_t peerlen)
 {
 	struct conn *c = calloc(1, sizeof(*c));
@@ -897,22 +896,22 @@ struct conn *conn_new(struct conn_loop *w, evutil_socket_t fd,
 
 	if (c == NULL)
 		goto fail;
-	c->loop = w;
+	c->loop = l;
 	c->method = -1;
-	if (w->tls != NULL) {
+	if (l->tls != NULL) {
 		if (conn_tls_accept(c, fd) < 0) {
 			fd = -1;	/* closed with c->bev, or leaked (OOM) */
 			goto fail;
 		}
 	} else {
-		c->bev = bufferevent_socket_new(w->base, fd, BEV_OPT_CLOSE_ON_FREE);
+		c->bev = bufferevent_socket_new(l->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	}
 	if (c->bev == NULL)
 		goto fail;
 	fd = -1;	/* the bufferevent owns it now */
-	c->timer = evtimer_new(w->base, timer_cb, c);
-	c->kick = event_new(w->base, -1, 0, kick_cb, c);
-	c->flush = event_new(w->base, -1, 0, flush_cb, c);
+	c->timer = evtimer_new(l->base, timer_cb, c);
+	c->kick = event_new(l->base, -1, 0, kick_cb, c);
+	c->flush = event_new(l->base, -1, 0, flush_cb, c);
 	if (c->timer == NULL || c->kick == NULL || c->flush == NULL ||
 	    evbuffer_add_cb(bufferevent_get_output(c->bev), output_added, c) == NULL)
 		goto fail;
@@ -926,21 +925,21 @@ struct conn *conn_new(struct conn_loop *w, evutil_socket_t fd,
 			  c->peer, sizeof(c->peer));
 	else
 		strcpy(c->peer, "unknown");
-	h1_head_init(&c->head, w->cfg->max_header_size);
+	h1_head_init(&c->head, l->cfg->max_header_size);
 	llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
 	c->parser.data = c;
 	c->state = CONN_ST_IDLE;
 	bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, CONN_READ_HIGH);
 	bufferevent_setwatermark(c->bev, EV_WRITE, CONN_LOW, 0);
-	conn_read_timeout(c, w->cfg->idle_timeout_ms);
+	conn_read_timeout(c, l->cfg->idle_timeout_ms);
 	if (c->tls == CONN_TLS_HANDSHAKE) {
-		struct timeval tv = clock_tv(w->cfg->client_timeout_ms);
+		struct timeval tv = clock_tv(l->cfg->client_timeout_ms);
 
 		evtimer_add(c->timer, &tv);
 	}
 	bufferevent_enable(c->bev, EV_READ);	/* writes: flush_cb */
-	TAILQ_INSERT_TAIL(&w->conns, c, link);
+	TAILQ_INSERT_TAIL(&l->conns, c, link);
 	metrics_gauge_add(GAUGE_connections, 1);
 	return c;
 fail:

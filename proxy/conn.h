@@ -12,7 +12,7 @@ struct conn_loop;
 struct conn;
 
 /* Take over an accepted socket. Returns NULL (socket closed) on failure. */
-struct conn *conn_new(struct conn_loop *w, evutil_socket_t fd,
+struct conn *conn_new(struct conn_loop *l, evutil_socket_t fd,
 		      const struct sockaddr *peer, socklen_t peerlen);
 /* SIGTERM: close if idle, else finish the current exchange and close. */
 void conn_drain(struct conn *c);

@@ -240,7 +240,7 @@ static void body_deadline(struct conn *c)
 	evtimer_add(c->timer, &tv);
 }
 
-static void body_refused(struct conn *c, enum body_err e)
+void conn_keyed_refused(struct conn *c, enum body_err e)
 {
 	if (e == BODY_BUSY)
 		conn_answer(c, PROBLEM_SERVER_BUSY, "too many request bodies are "
@@ -262,7 +262,7 @@ void conn_keyed_body(struct conn *c)
 			n = (size_t)c->req_remaining;
 		e = body_add_from(&c->body, in, n, c->cfg->max_buffered);
 		if (e != BODY_OK) {
-			body_refused(c, e);
+			conn_keyed_refused(c, e);
 			return;
 		}
 		c->req_remaining -= n;

@@ -192,6 +192,9 @@ void conn_keyed_body(struct conn *c);
 /* n bytes of a keyed chunked body (on_body); -1 with c's flags saying why
  * (BODY_TOO_LARGE, BODY_BUSY) when they cannot be taken. */
 int conn_keyed_chunk(struct conn *c, const char *at, size_t len);
+/* A keyed body that cannot be buffered: 503 server-busy (the budget is
+ * spent), or closed (out of memory). */
+void conn_keyed_refused(struct conn *c, enum body_err e);
 
 /* conn_tls.c: a connection on a TLS listener. Accept: the bufferevent that
  * runs the handshake (c->bev, c->ssl, c->tls_pump; -1 on failure, what was

@@ -59,19 +59,19 @@ static void input_changed(struct evbuffer *buf,
 /* A TLS listener's connection: the bufferevent runs the handshake. */
 int conn_tls_accept(struct conn *c, evutil_socket_t fd)
 {
-	struct conn_loop *w = c->loop;
-	SSL *ssl = tls_listener_ssl(w->tls);
+	struct conn_loop *l = c->loop;
+	SSL *ssl = tls_listener_ssl(l->tls);
 
 	if (ssl == NULL)
 		return -1;
-	c->bev = bufferevent_openssl_socket_new(w->base, fd, ssl,
+	c->bev = bufferevent_openssl_socket_new(l->base, fd, ssl,
 						BUFFEREVENT_SSL_ACCEPTING,
 						BEV_OPT_CLOSE_ON_FREE);
 	if (c->bev == NULL) {
 		SSL_free(ssl);
 		return -1;
 	}
-	c->tls_pump = event_new(w->base, -1, 0, tls_pump_cb, c);
+	c->tls_pump = event_new(l->base, -1, 0, tls_pump_cb, c);
 	if (c->tls_pump == NULL ||
 	    evbuffer_add_cb(bufferevent_get_input(c->bev), input_changed,
 			    c) == NULL)

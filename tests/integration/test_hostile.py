@@ -20,6 +20,7 @@ import pytest
 from support.http import (RawConn, assert_problem, build_request, chunked,
                           request, upstream_echo)
 from support.procs import RssSampler, wait_readyz
+from support.silent import SilentServer
 from test_streaming import SMALL_QUARANTINE
 
 GH_SECRET = "hostile-secret"
@@ -423,44 +424,13 @@ def test_trickled_body_has_an_end(make_proxy, stub):
     assert executions(stub) == 0
 
 
-class DeafUpstream:
-    """Accepts connections, takes (almost) nothing: a 4 KiB receive
-    buffer, never read. What the proxy sends it stays in the proxy."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
-        self.held = []
-        self.stop = False
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self):
-        self.sock.settimeout(0.2)
-        while not self.stop:
-            try:
-                self.held.append(self.sock.accept()[0])
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-
-    def close(self):
-        self.stop = True
-        for c in self.held:
-            c.close()
-        self.sock.close()
-
-
 def test_budget_follows_the_body_past_its_client(make_proxy):
     """(issue 21 item 4) A client sends a 7 MiB keyed body and resets; the
     engine still holds the bytes (the upstream takes none). They stay
     charged: the next 7 MiB body gets 503 (8 MiB budget) and RSS does not
     grow by another body. Once the exchange ends (--upstream-timeout 3 s)
     the budget is back and a body fits again."""
-    up = DeafUpstream()
+    up = SilentServer(rcvbuf=4096)     # takes (almost) nothing
     try:
         p = make_proxy("--max-buffered", "8MiB", "--max-body", "8MiB",
                        "--upstream-timeout", "3s", "--lease", "10s",
@@ -495,7 +465,7 @@ def test_budget_follows_the_body_past_its_client(make_proxy):
             time.sleep(0.5)
         assert r.status == 504, r   # taken, forwarded; the upstream is deaf
     finally:
-        up.close()
+        up.stop()
 
 
 def test_budget_bounds_memory(make_proxy, stub):

@@ -15,7 +15,6 @@ parts (tests/ha/ runs the real Patroni cluster):
 """
 import concurrent.futures
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -25,6 +24,7 @@ import pytest
 from support.http import RawConn, assert_problem
 from support.procs import (IDEMPROXY_BIN, clean_env, metric_value, read_text,
                            readyz, wait_readyz)
+from support.silent import SilentServer
 from support.stores import PG_BINDIR, PgServer
 from test_keys import TOKEN, admin, token_file  # noqa: F401 (fixture)
 
@@ -40,39 +40,6 @@ def private_pg():
            if x[:2] == "20"]
     print("--- private postgresql log ---\n" + "\n".join(log[-40:]))
     server.shutdown()
-
-
-class SilentServer:
-    """Accepts TCP connections on 127.0.0.1 and never sends a byte: what a
-    SIGSTOPped PostgreSQL looks like from outside."""
-
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.held = []
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self):
-        self.sock.settimeout(0.2)
-        while not self.stopping:
-            try:
-                c, _ = self.sock.accept()
-                self.held.append(c)
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-
-    def stop(self):
-        self.stopping = True
-        self.thread.join(5)
-        for c in self.held:
-            c.close()
-        self.sock.close()
 
 
 def keyed_post(port, key, body=b"{}", target="/orders"):
