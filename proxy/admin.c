@@ -15,6 +15,7 @@
 #include <event2/keyvalq_struct.h>
 
 #include "addrs.h"
+#include "admin_conn.h"
 #include "admin_keys.h"
 #include "log.h"
 #include "metrics.h"
@@ -25,6 +26,7 @@
 
 struct admin {
 	struct evhttp *http;
+	struct admin_conns *conns;
 	struct store *store;
 	struct admin_keys *keys;
 	bool draining;
@@ -56,6 +58,7 @@ static void handle(struct evhttp_request *req, void *arg)
 	size_t len = 0;
 	FILE *f;
 
+	admin_conns_request_read(a->conns, req);
 	if (path == NULL)
 		path = "/";
 	if (strncmp(path, "/keys/", 6) == 0) {
@@ -100,7 +103,7 @@ static void handle(struct evhttp_request *req, void *arg)
  * 127.0.0.1; a probe may use either). With port "0" the others take the
  * port the kernel gave the first.
  */
-static int bind_all(struct evhttp *http, const char *host, const char *port,
+static int bind_all(struct admin *ad, const char *host, const char *port,
 		    char *err, size_t errlen)
 {
 	struct addrs a;
@@ -117,7 +120,8 @@ static int bind_all(struct evhttp *http, const char *host, const char *port,
 		socklen_t len = sizeof(ss);
 
 		addrs_host((struct sockaddr *)&a.ss[i], a.len[i], h, sizeof(h));
-		b = evhttp_bind_socket_with_handle(http, h, (ev_uint16_t)atoi(p));
+		b = evhttp_bind_socket_with_handle(ad->http, h,
+						   (ev_uint16_t)atoi(p));
 		if (b == NULL && a.n > 1 &&
 		    (errno == EADDRNOTAVAIL || errno == EAFNOSUPPORT)) {
 			/* an address this host cannot have: IPv6 off */
@@ -130,6 +134,7 @@ static int bind_all(struct evhttp *http, const char *host, const char *port,
 				 "listen on %s: %s", host, p, h, strerror(errno));
 			return -1;
 		}
+		admin_conns_listen(ad->conns, b);
 		bound++;
 		if (strcmp(p, "0") == 0 &&
 		    getsockname(evhttp_bound_socket_get_fd(b),
@@ -158,22 +163,28 @@ struct admin *admin_new(struct event_base *base, const char *host,
 	a->http = evhttp_new(base);
 	if (a->keys == NULL || a->http == NULL)
 		goto fail;
+	a->conns = admin_conns_new(base, a->http);
+	if (a->conns == NULL)
+		goto fail;
 
 	evhttp_set_gencb(a->http, handle, a);
 	/* bounds like the client listener's: no endpoint takes a body, the
-	 * longest head is a key in the path and a bearer token; a request
-	 * (or an idle connection) has 10 s */
+	 * longest head is a key in the path and a bearer token; an idle
+	 * connection has 10 s, and so has a request to arrive whole
+	 * (admin_conn.c, which also caps the connections) */
 	evhttp_set_max_headers_size(a->http, ADMIN_MAX_HEAD);
 	evhttp_set_max_body_size(a->http, ADMIN_MAX_BODY);
 	evhttp_set_timeout(a->http, 10);
-	if (bind_all(a->http, host, port, err, errlen) < 0)
+	if (bind_all(a, host, port, err, errlen) < 0)
 		goto fail;
 	return a;
 fail:
 	if (a != NULL && a->http != NULL)
 		evhttp_free(a->http);
-	if (a != NULL)
+	if (a != NULL) {
+		admin_conns_free(a->conns);
 		admin_keys_free(a->keys);
+	}
 	free(a);
 	return NULL;
 }
@@ -194,6 +205,7 @@ void admin_free(struct admin *a)
 	if (a == NULL)
 		return;
 	evhttp_free(a->http);	/* first: its connections' close callbacks */
+	admin_conns_free(a->conns);
 	admin_keys_free(a->keys);
 	free(a);
 }

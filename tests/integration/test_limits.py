@@ -1,5 +1,6 @@
 """Limits on the client side: header size (431), read time (408), idle
 keep-alive connections, --max-connections; and the admin listener's."""
+import os
 import socket
 import time
 
@@ -168,6 +169,72 @@ def test_admin_listener_bounds_heads_and_bodies(make_proxy):
             b"a" * (1 << 20) + b"\r\n\r\n")
         assert not first.startswith(b"HTTP/1.1 200"), first
     assert rss.growth_mib < 8, f"RSS grew {rss.growth_mib:.1f} MiB"
+    assert first_bytes_after(
+        p.admin_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+        b"Connection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+
+
+def open_fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_admin_listener_caps_connections(make_proxy):
+    """At 128 open admin connections the proxy stops accepting more:
+    400 idle clients cost it at most 128 descriptors, and a probe that
+    waited in the backlog behind them is answered once they go."""
+    p = make_proxy()
+    wait_readyz(p)
+    base = open_fds(p.pid)
+    held = []
+    try:
+        for _ in range(400):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", p.admin_port))
+            held.append(s)
+        time.sleep(1.0)
+        grown = open_fds(p.pid) - base
+        assert grown <= 128 + 4, f"{grown} descriptors for 400 idle clients"
+        assert grown >= 100, f"only {grown}: the clients did not connect"
+        probe = socket.create_connection(("127.0.0.1", p.admin_port), 5)
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                      b"Connection: close\r\n\r\n")
+    finally:
+        for s in held:
+            s.close()
+    probe.settimeout(15)
+    assert probe.recv(64).startswith(b"HTTP/1.1 200")
+    probe.close()
+
+
+def test_admin_listener_gives_a_request_ten_seconds(make_proxy):
+    """A head trickled a byte a second (each read within the idle
+    timeout) is cut once the request has had 10 s; a request sent whole
+    on the same listener is answered meanwhile."""
+    p = make_proxy()
+    wait_readyz(p)
+    s = socket.create_connection(("127.0.0.1", p.admin_port), 5)
+    s.sendall(b"GET /healthz HTTP/1.1\r\n")
+    start = time.monotonic()
+    closed = None
+    try:
+        while time.monotonic() - start < 25:
+            time.sleep(1)
+            try:
+                s.sendall(b"X-a: b\r\n")
+                s.settimeout(0.01)
+                if s.recv(64) == b"":
+                    closed = time.monotonic() - start
+                    break
+            except socket.timeout:
+                pass
+            except OSError:
+                closed = time.monotonic() - start
+                break
+    finally:
+        s.close()
+    assert closed is not None, "a trickled head held its connection 25 s"
+    assert closed >= 8, f"cut after {closed:.1f} s, before its 10 s"
     assert first_bytes_after(
         p.admin_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
         b"Connection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
