@@ -355,6 +355,28 @@ const struct setting_syntax *config_option_syntax(const struct config *cfg,
 	return &o->syn;
 }
 
+/* config_option_syntax as route.c calls it: without knowing the type. */
+static const struct setting_syntax *route_option(const void *opts,
+						 const char *name,
+						 const void **value)
+{
+	return config_option_syntax(opts, name, value);
+}
+
+static int build_routing(struct config *c, const struct route_raw *raw,
+			 char **envp, char *err, size_t errlen)
+{
+	struct route_options o = {
+		.key_header = c->key_header,
+		.upstream_timeout_ms = c->upstream_timeout_ms,
+		.methods_mask = c->methods_mask,
+		.option = route_option,
+		.opts = c,
+	};
+
+	return routes_build(&c->routing, &o, raw, envp, err, errlen);
+}
+
 /*
  * The options with a syntax of their own: the string as given lands in
  * o->off, and what was made of it in fields of its own.
@@ -479,7 +501,7 @@ static void config_free(struct config *c)
 		return;
 	for (i = 0; i < NOPTS; i++)
 		opt_clear(&options[i], c);
-	routes_free(c);
+	routes_free(&c->routing);
 	strv_free(c->argv);
 	strv_free(c->env);
 	free(c);
@@ -924,7 +946,7 @@ static int config_build(int argc, char **argv, char **envp,
 	atomic_init(&c->refcount, 1);
 	if (read_sources(&b, argc, argv, envp, err, errlen) < 0 ||
 	    settle(&b, c, err, errlen) < 0 || cross_check(c, err, errlen) < 0 ||
-	    routes_build(c, b.routes, envp, err, errlen) < 0)
+	    build_routing(c, b.routes, envp, err, errlen) < 0)
 		goto fail;
 
 	c->argc = argc;
@@ -1015,7 +1037,7 @@ void config_print(const struct config *cfg, FILE *out)
 		opt_format(&options[i], cfg, true, val, sizeof(val));
 		fprintf(out, "%s = %s\n", key, val);
 	}
-	routes_print(cfg, out);
+	routes_print(&cfg->routing, out);
 }
 
 void config_usage(FILE *out)

@@ -19,7 +19,7 @@
 #include "hostport.h"
 #include "log.h"
 #include "policy.h"
-#include "route.h"	/* struct route, for users of cfg->routes */
+#include "route.h"	/* struct route_table, for users of cfg->routing */
 
 struct setting_syntax;
 
@@ -89,9 +89,7 @@ struct config {
 
 	/* per-request policy: the global one, and [route NAME] sections in
 	 * file order (route.c) */
-	struct policy global;
-	struct route *routes;
-	int nroutes;
+	struct route_table routing;
 
 	/* private: what was parsed, kept so that SIGHUP can re-apply it */
 	int argc;

@@ -24,7 +24,6 @@
 
 #include <llhttp.h>
 
-#include "config.h"
 #include "httphdr.h"
 #include "setting.h"
 
@@ -494,22 +493,24 @@ static const struct route_key *key_by_name(const char *name)
 }
 
 /* The syntax of a row with none of its own: the option's. */
-static const struct setting_syntax *key_syntax(const struct route_key *k)
+static const struct setting_syntax *key_syntax(const struct route_table *t,
+					       const struct route_key *k)
 {
 	if (k->flags & KEY_OPTION)
-		return config_option_syntax(NULL, k->name, NULL);
+		return t->option(NULL, k->name, NULL);
 	return &k->syn;
 }
 
 /* Apply one `key = value` of a route. Returns -1 with why set. */
-static int apply(struct route *r, const struct route_key *k, const char *v,
-		 char **envp, char *why, size_t len)
+static int apply(const struct route_table *t, struct route *r,
+		 const struct route_key *k, const char *v, char **envp,
+		 char *why, size_t len)
 {
 	const struct setting_syntax *syn;
 
 	if (k->set != NULL)
 		return k->set(r, v, envp, why, len);
-	syn = key_syntax(k);
+	syn = key_syntax(t, k);
 	if (syn == NULL) {
 		snprintf(why, len, "internal error: no [idemproxy] option");
 		return -1;
@@ -529,8 +530,9 @@ static void unknown_key(char *why, size_t len)
 }
 
 /* Apply the lines of raw in two passes: KEY_FIRST keys, then the rest. */
-static int apply_lines(struct route *r, const struct route_raw *raw,
-		       char **envp, int *verify_line, char *err, size_t errlen)
+static int apply_lines(const struct route_table *t, struct route *r,
+		       const struct route_raw *raw, char **envp,
+		       int *verify_line, char *err, size_t errlen)
 {
 	char why[512];
 
@@ -546,7 +548,7 @@ static int apply_lines(struct route *r, const struct route_raw *raw,
 				*verify_line = l->line;
 			if (k == NULL)
 				unknown_key(why, sizeof(why));
-			if (k == NULL || apply(r, k, l->value, envp, why,
+			if (k == NULL || apply(t, r, k, l->value, envp, why,
 					       sizeof(why)) < 0) {
 				snprintf(err, errlen, "%s:%d: route %s: %s: %s",
 					 raw->file, l->line, raw->name, l->key, why);
@@ -565,23 +567,24 @@ static bool has_key(const struct route_raw *raw, const char *key)
 	return false;
 }
 
-static int build_route(struct route *r, const struct route_raw *raw,
-		       const struct config *cfg, char **envp, char *err,
+static int build_route(const struct route_table *t, struct route *r,
+		       const struct route_options *o,
+		       const struct route_raw *raw, char **envp, char *err,
 		       size_t errlen)
 {
 	int verify_line = raw->line;
 
 	r->name = strdup(raw->name);
-	if (r->name == NULL || policy_copy(&r->policy, &cfg->global) < 0)
+	if (r->name == NULL || policy_copy(&r->policy, &t->global) < 0)
 		goto oom;
-	if (apply_lines(r, raw, envp, &verify_line, err, errlen) < 0)
+	if (apply_lines(t, r, raw, envp, &verify_line, err, errlen) < 0)
 		return -1;
 	if (!has_key(raw, "match")) {
 		snprintf(err, errlen, "%s:%d: route %s: match is required (e.g. "
 			 "match = POST /orders*)", raw->file, raw->line, raw->name);
 		return -1;
 	}
-	if (r->policy.lease_ms <= cfg->upstream_timeout_ms) {
+	if (r->policy.lease_ms <= o->upstream_timeout_ms) {
 		snprintf(err, errlen, "%s:%d: route %s: lease must be longer than "
 			 "upstream_timeout", raw->file, raw->line, raw->name);
 		return -1;
@@ -609,14 +612,15 @@ oom:
  * The global policy: keys from --key-header, and every row's default -
  * the option's value for KEY_OPTION rows, .def for the route-only ones.
  */
-static int global_policy(struct config *cfg, char *err, size_t errlen)
+static int global_policy(struct route_table *t, const struct route_options *o,
+			 char *err, size_t errlen)
 {
-	struct policy *g = &cfg->global;
+	struct policy *g = &t->global;
 	char why[512];
 
 	memset(g, 0, sizeof(*g));
 	g->key_source = KEY_SRC_HEADER;
-	if (setting_set_string(&g->key_name, cfg->key_header, err, errlen) < 0 ||
+	if (setting_set_string(&g->key_name, o->key_header, err, errlen) < 0 ||
 	    setting_set_string(&g->key_prefix, "", err, errlen) < 0)
 		return -1;
 	for (size_t i = 0; i < NKEYS; i++) {
@@ -626,7 +630,7 @@ static int global_policy(struct config *cfg, char *err, size_t errlen)
 		const void *value;
 
 		if (k->flags & KEY_OPTION) {
-			syn = config_option_syntax(cfg, k->name, &value);
+			syn = o->option(o->opts, k->name, &value);
 			if (syn == NULL) {
 				snprintf(err, errlen, "internal error: route key "
 					 "%s has no [idemproxy] option", k->name);
@@ -647,40 +651,44 @@ oom:
 	return -1;
 }
 
-int routes_build(struct config *cfg, const struct route_raw *raw,
-		 char **envp, char *err, size_t errlen)
+int routes_build(struct route_table *t, const struct route_options *o,
+		 const struct route_raw *raw, char **envp, char *err,
+		 size_t errlen)
 {
 	int n = 0;
 
-	if (global_policy(cfg, err, errlen) < 0)
+	memset(t, 0, sizeof(*t));
+	t->methods_mask = o->methods_mask;
+	t->option = o->option;
+	if (global_policy(t, o, err, errlen) < 0)
 		return -1;
 	for (const struct route_raw *r = raw; r != NULL; r = r->next)
 		n++;
-	cfg->routes = n ? calloc((size_t)n, sizeof(*cfg->routes)) : NULL;
-	if (n && cfg->routes == NULL) {
+	t->routes = n ? calloc((size_t)n, sizeof(*t->routes)) : NULL;
+	if (n && t->routes == NULL) {
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
 	for (const struct route_raw *r = raw; r != NULL; r = r->next) {
 		/* counted as it goes, so routes_free frees what was built */
-		if (build_route(&cfg->routes[cfg->nroutes++], r, cfg, envp, err,
+		if (build_route(t, &t->routes[t->nroutes++], o, r, envp, err,
 				errlen) < 0)
 			return -1;
 	}
 	return 0;
 }
 
-void routes_free(struct config *cfg)
+void routes_free(struct route_table *t)
 {
-	for (int i = 0; i < cfg->nroutes; i++) {
-		free(cfg->routes[i].name);
-		free(cfg->routes[i].glob);
-		policy_free(&cfg->routes[i].policy);
+	for (int i = 0; i < t->nroutes; i++) {
+		free(t->routes[i].name);
+		free(t->routes[i].glob);
+		policy_free(&t->routes[i].policy);
 	}
-	free(cfg->routes);
-	cfg->routes = NULL;
-	cfg->nroutes = 0;
-	policy_free(&cfg->global);
+	free(t->routes);
+	t->routes = NULL;
+	t->nroutes = 0;
+	policy_free(&t->global);
 }
 
 /* ---- matching ------------------------------------------------------------ */
@@ -710,14 +718,14 @@ bool route_glob_match(const char *glob, const char *s, size_t len)
 	return *g == '\0';
 }
 
-const struct policy *route_policy(const struct config *cfg, int method,
+const struct policy *route_policy(const struct route_table *t, int method,
 				  const char *target, const char **name)
 {
 	size_t len = strcspn(target, "?");
 
 	*name = NULL;
-	for (int i = 0; i < cfg->nroutes; i++) {
-		const struct route *r = &cfg->routes[i];
+	for (int i = 0; i < t->nroutes; i++) {
+		const struct route *r = &t->routes[i];
 
 		if (method < 0 || method >= 64 || !((r->methods >> method) & 1))
 			continue;
@@ -726,9 +734,9 @@ const struct policy *route_policy(const struct config *cfg, int method,
 		*name = r->name;
 		return r->policy.key_source == KEY_SRC_NONE ? NULL : &r->policy;
 	}
-	if (!config_method_protected(cfg, method))
+	if (method < 0 || method >= 64 || !((t->methods_mask >> method) & 1))
 		return NULL;
-	return &cfg->global;
+	return &t->global;
 }
 
 /* ---- printing ------------------------------------------------------------ */
@@ -746,18 +754,18 @@ const char *route_key_source_name(enum key_source k)
 	return "";
 }
 
-void routes_print(const struct config *cfg, FILE *out)
+void routes_print(const struct route_table *t, FILE *out)
 {
 	char buf[1024];
 
-	for (int i = 0; i < cfg->nroutes; i++) {
-		const struct route *r = &cfg->routes[i];
+	for (int i = 0; i < t->nroutes; i++) {
+		const struct route *r = &t->routes[i];
 		const struct policy *p = &r->policy;
 
 		fprintf(out, "\n[route %s]\n", r->name);
 		for (size_t j = 0; j < NKEYS; j++) {
 			const struct route_key *k = &route_keys[j];
-			const struct setting_syntax *syn = key_syntax(k);
+			const struct setting_syntax *syn = key_syntax(t, k);
 
 			if (((k->flags & KEY_VERIFY) && p->verify == VERIFY_NONE) ||
 			    ((k->flags & KEY_ISSUED) && !p->require_issued_key))

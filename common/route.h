@@ -18,8 +18,6 @@
 #include "compiler.h"
 #include "policy.h"
 
-struct config;
-
 struct route {
 	char *name;
 	uint64_t methods;	/* bit per llhttp method */
@@ -43,14 +41,44 @@ int route_raw_add(struct route_raw **raw, const char *name, const char *key,
 void route_raw_free(struct route_raw *raw);
 
 /*
- * Build cfg->global from cfg's options and cfg->routes from raw (each route
- * starts as a copy of the global policy). envp is searched for
- * verify_secret_env before the process environment. Errors name the file,
- * line, route and key.
+ * What routes are built from: the [idemproxy] options, as the config
+ * module settled them. option() gives the value syntax of the option spelt
+ * name ("max_body"), or NULL when it has none of setting.h's; with value
+ * non-NULL, *value gets the option's value (opts is handed back to it). A
+ * route key that is also an option is held to that syntax and starts from
+ * that value.
  */
-int routes_build(struct config *cfg, const struct route_raw *raw,
-		 char **envp, char *err, size_t errlen) MUSTCHECK;
-void routes_free(struct config *cfg);
+struct route_options {
+	const char *key_header;		/* --key-header */
+	uint64_t upstream_timeout_ms;	/* a route's lease is longer */
+	uint64_t methods_mask;		/* protected without a route */
+	const struct setting_syntax *(*option)(const void *opts,
+					       const char *name,
+					       const void **value);
+	const void *opts;
+};
+
+/* The policies of a config: the global one and the routes in file order. */
+struct route_table {
+	struct policy global;
+	struct route *routes;
+	int nroutes;
+	uint64_t methods_mask;
+	const struct setting_syntax *(*option)(const void *opts,
+					       const char *name,
+					       const void **value);
+};
+
+/*
+ * Build t->global from o and t->routes from raw (each route starts as a
+ * copy of the global policy). envp is searched for verify_secret_env
+ * before the process environment. Errors name the file, line, route and
+ * key. On failure, routes_free(t) frees what was built.
+ */
+int routes_build(struct route_table *t, const struct route_options *o,
+		 const struct route_raw *raw, char **envp, char *err,
+		 size_t errlen) MUSTCHECK;
+void routes_free(struct route_table *t);
 
 /*
  * The policy for a request, or NULL when it is not protected (no route
@@ -58,7 +86,7 @@ void routes_free(struct config *cfg);
  * none). *name gets the route's name or NULL. target is the raw
  * request-target; its query string is ignored.
  */
-const struct policy *route_policy(const struct config *cfg, int method,
+const struct policy *route_policy(const struct route_table *t, int method,
 				  const char *target, const char **name);
 
 bool route_glob_match(const char *glob, const char *s, size_t len);
@@ -67,6 +95,6 @@ bool route_glob_match(const char *glob, const char *s, size_t len);
 const char *route_key_source_name(enum key_source k);
 
 /* --check-config: one block per route, effective values. */
-void routes_print(const struct config *cfg, FILE *out);
+void routes_print(const struct route_table *t, FILE *out);
 
 #endif

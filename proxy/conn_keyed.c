@@ -312,8 +312,8 @@ static void continue_if_expected(struct conn *c)
 
 static bool issuing(const struct config *cfg)
 {
-	for (int i = 0; i < cfg->nroutes; i++)
-		if (cfg->routes[i].policy.require_issued_key)
+	for (int i = 0; i < cfg->routing.nroutes; i++)
+		if (cfg->routing.routes[i].policy.require_issued_key)
 			return true;
 	return false;
 }
@@ -347,9 +347,9 @@ static bool considered(const struct config *cfg, int method)
 {
 	if (config_method_protected(cfg, method))
 		return true;
-	for (int i = 0; i < cfg->nroutes; i++)
+	for (int i = 0; i < cfg->routing.nroutes; i++)
 		if (method >= 0 && method < 64 &&
-		    (cfg->routes[i].methods >> method) & 1)
+		    (cfg->routing.routes[i].methods >> method) & 1)
 			return true;
 	return false;
 }
@@ -388,7 +388,8 @@ void conn_keyed_decide(struct conn *c)
 		issue_key(c);
 		return;
 	}
-	c->policy = route_policy(c->cfg, c->method, c->match, &c->route);
+	c->policy = route_policy(&c->cfg->routing, c->method, c->match,
+				 &c->route);
 	if (c->policy == NULL) {
 		pass_as_is(c);
 		return;

@@ -39,9 +39,9 @@ uint64_t issue_marker_ttl(const struct config *cfg)
 {
 	uint64_t ttl = cfg->issued_key_ttl_ms;
 
-	for (int i = 0; i < cfg->nroutes; i++)
-		if (cfg->routes[i].policy.issued_key_ttl_ms > ttl)
-			ttl = cfg->routes[i].policy.issued_key_ttl_ms;
+	for (int i = 0; i < cfg->routing.nroutes; i++)
+		if (cfg->routing.routes[i].policy.issued_key_ttl_ms > ttl)
+			ttl = cfg->routing.routes[i].policy.issued_key_ttl_ms;
 	return ttl;
 }
 

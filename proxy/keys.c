@@ -18,7 +18,7 @@
 int keys_address(const struct config *cfg, const struct keys_query *q,
 		 struct store_key *k, char *err, size_t errlen)
 {
-	const struct policy *p = cfg != NULL ? &cfg->global : NULL;
+	const struct policy *p = cfg != NULL ? &cfg->routing.global : NULL;
 	const char *prefix = "";
 	const char *scope = q->scope;
 	int i;
@@ -31,14 +31,14 @@ int keys_address(const struct config *cfg, const struct keys_query *q,
 		return -1;
 	}
 	if (q->route != NULL) {
-		for (i = 0; i < cfg->nroutes; i++)
-			if (strcmp(cfg->routes[i].name, q->route) == 0)
+		for (i = 0; i < cfg->routing.nroutes; i++)
+			if (strcmp(cfg->routing.routes[i].name, q->route) == 0)
 				break;
-		if (i == cfg->nroutes) {
+		if (i == cfg->routing.nroutes) {
 			snprintf(err, errlen, "no route named \"%.100s\"", q->route);
 			return -1;
 		}
-		p = &cfg->routes[i].policy;
+		p = &cfg->routing.routes[i].policy;
 	}
 	if (p != NULL) {
 		prefix = p->key_prefix != NULL ? p->key_prefix : "";

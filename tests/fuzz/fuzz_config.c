@@ -42,8 +42,8 @@ static char *printed(const struct config *cfg)
 
 static void check_routes(const struct config *cfg)
 {
-	for (int i = 0; i < cfg->nroutes; i++) {
-		const struct route *r = &cfg->routes[i];
+	for (int i = 0; i < cfg->routing.nroutes; i++) {
+		const struct route *r = &cfg->routing.routes[i];
 		const char *name = NULL;
 		int m = 0;
 
@@ -53,9 +53,10 @@ static void check_routes(const struct config *cfg)
 			continue;	/* route_policy ignores the query */
 		while (!((r->methods >> m) & 1))
 			m++;
-		(void)route_policy(cfg, m, r->glob, &name);
+		(void)route_policy(&cfg->routing, m, r->glob, &name);
 		FUZZ_REQUIRE(name != NULL);
-		for (int j = 0; j <= i && cfg->routes[j].name != name; j++)
+		for (int j = 0;
+		     j <= i && cfg->routing.routes[j].name != name; j++)
 			FUZZ_REQUIRE(j < i);
 	}
 }

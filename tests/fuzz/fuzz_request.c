@@ -306,17 +306,17 @@ static bool considered(int method)
 {
 	if (config_method_protected(cfg, method))
 		return true;
-	for (int i = 0; i < cfg->nroutes; i++)
+	for (int i = 0; i < cfg->routing.nroutes; i++)
 		if (method >= 0 && method < 64 &&
-		    (cfg->routes[i].methods >> method) & 1)
+		    (cfg->routing.routes[i].methods >> method) & 1)
 			return true;
 	return false;
 }
 
 static bool issuing(void)
 {
-	for (int i = 0; i < cfg->nroutes; i++)
-		if (cfg->routes[i].policy.require_issued_key)
+	for (int i = 0; i < cfg->routing.nroutes; i++)
+		if (cfg->routing.routes[i].policy.require_issued_key)
 			return true;
 	return false;
 }
@@ -462,7 +462,7 @@ static bool request(struct client *c)
 		.fwd_target = fwd, .fields = &c->head.fields, .body = rh.body,
 		.length = rh.length, .peer = rh.peer,
 	};
-	h.policy = route_policy(cfg, method, match, &h.route);
+	h.policy = route_policy(&cfg->routing, method, match, &h.route);
 	if (h.policy == NULL)
 		goto as_is;
 	switch (keyed_start(&h, &k, &a)) {

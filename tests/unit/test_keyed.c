@@ -106,7 +106,7 @@ static void req_init(struct req *r, struct config *cfg, const char *target,
 		exit(99);
 	if (reqhead_normalise(target, HTTP_POST, r->fwd, r->match) < 0)
 		exit(99);
-	r->h.policy = route_policy(cfg, HTTP_POST, r->match, &route);
+	r->h.policy = route_policy(&cfg->routing, HTTP_POST, r->match, &route);
 	r->h.route = route;
 	r->h.cfg = cfg;
 	r->h.method = HTTP_POST;
@@ -155,7 +155,7 @@ static void test_header_key(struct config *cfg)
 	is_int(run(&r), KEYED_ENGINE, "header key: to the engine");
 	is_str(r.ir.claim.key.key, "abc", "quoted key unquoted");
 	is_str(r.ir.claim.key.scope, "", "global scope");
-	ok(r.ir.policy == &cfg->global, "global policy");
+	ok(r.ir.policy == &cfg->routing.global, "global policy");
 	ok(request_has(&r, "POST /orders HTTP/1.1\r\n"), "request line");
 	ok(request_has(&r, "Content-Length: 7\r\n"), "our framing");
 	ok(!request_has(&r, "Expect"), "Expect answered by us, not forwarded");

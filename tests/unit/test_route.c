@@ -177,59 +177,60 @@ static void test_policy(void)
 	ok(c != NULL, "policy: config parses (%s)", err);
 	if (c == NULL)
 		return;
-	is_int(c->nroutes, 4, "policy: four routes in file order");
+	is_int(c->routing.nroutes, 4, "policy: four routes in file order");
 
-	p = route_policy(c, HTTP_POST, "/orders/1?x=y", &name);
+	p = route_policy(&c->routing, HTTP_POST, "/orders/1?x=y", &name);
 	ok(p != NULL && p->key_source == KEY_SRC_FORM &&
 	   strcmp(p->key_name, "order_id") == 0, "policy: POST /orders/1 -> orders");
 	is_str(name, "orders", "policy: first match wins over a later exact route");
 
-	p = route_policy(c, HTTP_PUT, "/orders", &name);
+	p = route_policy(&c->routing, HTTP_PUT, "/orders", &name);
 	ok(p != NULL && p->key_source == KEY_SRC_FORM,
 	   "policy: PUT covered by the route though not a global method");
 	is_str(name, "orders", "policy: PUT route name");
 
-	p = route_policy(c, HTTP_POST, "/orders/special/9", &name);
+	p = route_policy(&c->routing, HTTP_POST, "/orders/special/9", &name);
 	ok(p == NULL, "policy: key = none -> not protected");
 	is_str(name, "special", "policy: key = none still names its route");
 
-	p = route_policy(c, HTTP_DELETE, "/orders/1", &name);
+	p = route_policy(&c->routing, HTTP_DELETE, "/orders/1", &name);
 	ok(p == NULL && name == NULL,
 	   "policy: method not in the route nor global -> not protected");
 
-	p = route_policy(c, HTTP_PATCH, "/orders/1", &name);
-	ok(p == &c->global && name == NULL,
+	p = route_policy(&c->routing, HTTP_PATCH, "/orders/1", &name);
+	ok(p == &c->routing.global && name == NULL,
 	   "policy: PATCH not in the route -> the global policy");
 	ok(p != NULL && p->key_source == KEY_SRC_HEADER &&
 	   strcmp(p->key_name, "Idempotency-Key") == 0,
 	   "policy: the global policy keys on Idempotency-Key");
 
-	p = route_policy(c, HTTP_POST, "/pay?next=/orders/1", &name);
-	ok(p == &c->global && name == NULL,
+	p = route_policy(&c->routing, HTTP_POST, "/pay?next=/orders/1", &name);
+	ok(p == &c->routing.global && name == NULL,
 	   "policy: the query string is not part of the matched path");
 
-	p = route_policy(c, HTTP_GET, "/elsewhere", &name);
+	p = route_policy(&c->routing, HTTP_GET, "/elsewhere", &name);
 	ok(p == NULL && name == NULL, "policy: GET unmatched -> not protected");
 
-	p = route_policy(c, HTTP_GET, "/any/x", &name);
+	p = route_policy(&c->routing, HTTP_GET, "/any/x", &name);
 	ok(p != NULL && p->key_source == KEY_SRC_AUTO, "policy: * matches GET");
 	is_str(name, "any", "policy: * route name");
 	ok(p != NULL && p->ttl_ms == 10000, "policy: route ttl override");
-	p = route_policy(c, HTTP_DELETE, "/any/x/y", &name);
+	p = route_policy(&c->routing, HTTP_DELETE, "/any/x/y", &name);
 	ok(p != NULL && p->key_source == KEY_SRC_AUTO, "policy: * matches DELETE");
 
-	p = route_policy(c, HTTP_POST, "/orders", &name);
+	p = route_policy(&c->routing, HTTP_POST, "/orders", &name);
 	ok(p != NULL && p->ttl_ms == 3600000,
 	   "policy: a route inherits the global ttl");
 	config_unref(c);
 
 	/* no routes at all */
 	c = parse(ARGS("--upstream", "http://127.0.0.1:9", "--methods", "PUT"), NOENV);
-	ok(c != NULL && c->nroutes == 0, "policy: no routes");
+	ok(c != NULL && c->routing.nroutes == 0, "policy: no routes");
 	if (c != NULL) {
-		ok(route_policy(c, HTTP_PUT, "/x", &name) == &c->global,
+		ok(route_policy(&c->routing, HTTP_PUT, "/x", &name) ==
+		   &c->routing.global,
 		   "policy: no routes, protected method -> global");
-		ok(route_policy(c, HTTP_POST, "/x", &name) == NULL,
+		ok(route_policy(&c->routing, HTTP_POST, "/x", &name) == NULL,
 		   "policy: no routes, unprotected method -> NULL");
 		config_unref(c);
 	}
@@ -284,7 +285,7 @@ static void test_config_values(void)
 	ok(c != NULL, "values: config parses (%s)", err);
 	if (c == NULL)
 		return;
-	p = route_policy(c, HTTP_POST, "/api/v1/things", &name);
+	p = route_policy(&c->routing, HTTP_POST, "/api/v1/things", &name);
 	ok(p != NULL, "values: json route");
 	if (p != NULL) {
 		is_int(p->key_source, KEY_SRC_JSON, "values: json source");
@@ -302,7 +303,7 @@ static void test_config_values(void)
 		is_int(p->store_down, STORE_DOWN_FAIL_OPEN, "values: store_down");
 		is_int(p->verify, VERIFY_NONE, "values: no verify by default");
 	}
-	p = route_policy(c, HTTP_POST, "/hooks/stripe", &name);
+	p = route_policy(&c->routing, HTTP_POST, "/hooks/stripe", &name);
 	ok(p != NULL && p->verify == VERIFY_STRIPE,
 	   "values: verify_format = stripe stays stripe whatever the line order");
 	if (p != NULL) {
@@ -315,28 +316,29 @@ static void test_config_values(void)
 		is_str(p->key_prefix, "", "values: no prefix");
 		ok(p->scope_header == NULL, "values: global scope by default");
 	}
-	p = route_policy(c, HTTP_POST, "/hooks/github", &name);
+	p = route_policy(&c->routing, HTTP_POST, "/hooks/github", &name);
 	ok(p != NULL && p->verify == VERIFY_GITHUB, "values: github is the default format");
 	if (p != NULL) {
 		is_str(p->verify_header, "X-Hub-Signature-256", "values: github default header");
 		is_int(p->verify_tolerance_ms, 300000, "values: default tolerance 5m");
 		is_str(p->key_name, "X-GitHub-Delivery", "values: header source name");
 	}
-	p = route_policy(c, HTTP_POST, "/checkout", &name);
+	p = route_policy(&c->routing, HTTP_POST, "/checkout", &name);
 	ok(p != NULL && p->require_issued_key && p->issued_key_ttl_ms == 1000,
 	   "values: require_issued_key and route issued_key_ttl");
-	p = route_policy(c, HTTP_PATCH, "/x", &name);
-	ok(p == &c->global && p->issued_key_ttl_ms == 5 * 60000 &&
+	p = route_policy(&c->routing, HTTP_PATCH, "/x", &name);
+	ok(p == &c->routing.global && p->issued_key_ttl_ms == 5 * 60000 &&
 	   p->require_key && strcmp(p->key_name, "X-Request-Id") == 0,
 	   "values: the global policy from [idemproxy]");
-	p = route_policy(c, HTTP_POST, "/hooks/github", &name);
+	p = route_policy(&c->routing, HTTP_POST, "/hooks/github", &name);
 	ok(p != NULL && p->issued_key_ttl_ms == 5 * 60000 && !p->require_issued_key,
 	   "values: issued_key_ttl inherited");
 
 	/* routes in file order */
-	r = &c->routes[0];
-	ok(c->nroutes == 4 && strcmp(r->name, "json") == 0 &&
-	   strcmp(c->routes[3].name, "form") == 0, "values: file order");
+	r = &c->routing.routes[0];
+	ok(c->routing.nroutes == 4 && strcmp(r->name, "json") == 0 &&
+	   strcmp(c->routing.routes[3].name, "form") == 0,
+	   "values: file order");
 	config_unref(c);
 
 	/* a flag overrides the file, and routes inherit the flag */
@@ -346,12 +348,12 @@ static void test_config_values(void)
 
 		c = parse(ARGS("--upstream", "http://127.0.0.1:9", "--config", p2,
 			       "--ttl", "7m"), NOENV);
-		ok(c != NULL && c->routes[0].policy.ttl_ms == 7 * 60000,
+		ok(c != NULL && c->routing.routes[0].policy.ttl_ms == 7 * 60000,
 		   "values: a route starts from the effective global (flag)");
 		config_unref(c);
 		c = parse(ARGS("--upstream", "http://127.0.0.1:9", "--config", p2),
 			  ENV("IDEMPROXY_TTL=9m"));
-		ok(c != NULL && c->routes[0].policy.ttl_ms == 9 * 60000,
+		ok(c != NULL && c->routing.routes[0].policy.ttl_ms == 9 * 60000,
 		   "values: a route starts from the effective global (env)");
 		config_unref(c);
 	}
@@ -360,11 +362,13 @@ static void test_config_values(void)
 	c = parse_ini("words.ini",
 		"[idemproxy]\n[route a]\nmatch = POST /a\nkey = AUTO\n"
 		"scope = none\nverify = none\n", NOENV, NULL);
-	ok(c != NULL && c->routes[0].policy.key_source == KEY_SRC_AUTO &&
-	   c->routes[0].policy.verify == VERIFY_NONE &&
-	   c->routes[0].policy.scope_header == NULL,
+	ok(c != NULL &&
+	   c->routing.routes[0].policy.key_source == KEY_SRC_AUTO &&
+	   c->routing.routes[0].policy.verify == VERIFY_NONE &&
+	   c->routing.routes[0].policy.scope_header == NULL,
 	   "values: auto, scope none, verify none (%s)", err);
-	ok(c != NULL && route_policy(c, HTTP_POST, "/a", &name) != NULL,
+	ok(c != NULL &&
+	   route_policy(&c->routing, HTTP_POST, "/a", &name) != NULL,
 	   "values: key = AUTO is case-insensitive");
 	config_unref(c);
 }
