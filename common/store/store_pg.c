@@ -38,8 +38,13 @@
  *
  * Waiting: completion and release NOTIFY channel "idemproxy" with the
  * payload "<scope>:<key>"; each thread's listener connection wakes its
- * waiters. A waiter also wakes every PG_POLL_MS to claim again, so a lost
- * notification (listener reconnecting) costs at most that much latency.
+ * waiters. A release notifies in its own transaction; a batch's
+ * completions are announced after it committed, by a transaction of their
+ * own that does not wait for its WAL flush (store_pg_wake_sql), so that
+ * notifying commits, which PostgreSQL serialises, never hold that lock
+ * through a flush. A waiter also wakes every PG_POLL_MS to claim again, so
+ * a lost notification (listener reconnecting, a crash between the two
+ * commits) costs at most that much latency.
  */
 #include "store_pg_priv.h"
 
@@ -118,8 +123,9 @@ const char store_pg_claim_sql[] =
 
 /*
  * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
- * stored), $7 ttl ms, $8 the claim's part hint. One row ('completed', and
- * a NOTIFY) when this owner holds the key: in flight (the response is
+ * stored), $7 ttl ms, $8 the claim's part hint. One row ('completed'; the
+ * waiters are woken after the commit, store_pg_wake_sql) when this owner
+ * holds the key: in flight (the response is
  * stored) or completed already (a re-sent completion whose first attempt
  * committed: the row is written again, unchanged); no row when fenced. A
  * completed row keeps its owner,
@@ -150,7 +156,20 @@ const char store_pg_complete_sql[] =
 	"   WHERE scope = $1 AND key = $2 AND owner = $3\n"
 	"     AND state IN ('in_flight', 'completed') AND " PART_SINCE("$8") "\n"
 	"  RETURNING 1)\n"
-	"SELECT 'completed'::text FROM u, pg_notify('idemproxy', $1 || ':' || $2)";
+	"SELECT 'completed'::text FROM u";
+
+/*
+ * $1 text[]: "<scope>:<key>" of each completion of a batch, sent after the
+ * batch's Sync, so it runs once the completions committed. PostgreSQL
+ * serialises the commits of notifying transactions on one lock held to the
+ * end of the commit; with synchronous_commit off for this transaction the
+ * lock is held for no WAL flush, and the completions themselves share
+ * flushes (group commit). Waking is a hint: waiters poll too (PG_POLL_MS).
+ */
+const char store_pg_wake_sql[] =
+	"SELECT count(pg_notify('idemproxy', w))\n"
+	"  FROM set_config('synchronous_commit', 'off', true),\n"
+	"       unnest($1::text[]) AS w";
 
 /*
  * $1 scope, $2 key, $3 owner, $4 part hint. One row: 'released', or NULL
@@ -601,6 +620,55 @@ int pg_send_op(struct pg_conn *c, struct pg_op *o)
 	return 0;
 }
 
+/* Copy s to p escaped for a quoted array element; the end. */
+static char *array_escape(char *p, const char *s)
+{
+	for (; *s != '\0'; s++) {
+		if (*s == '"' || *s == '\\')
+			*p++ = '\\';
+		*p++ = *s;
+	}
+	return p;
+}
+
+int pg_send_wake(struct pg_conn *c)
+{
+	struct pg_op *o;
+	size_t size = 3;		/* {} and the NUL */
+	const char *v[1];
+	char *lit, *p;
+	int n = 0, rc;
+
+	TAILQ_FOREACH(o, &c->batch, link)
+		if (o->kind == PG_COMPLETE) {
+			size += 4 + 2 * (strlen(o->key.scope) + strlen(o->key.key));
+			n++;
+		}
+	if (n == 0)
+		return 0;
+	lit = p = malloc(size);
+	if (lit == NULL)
+		return -1;
+	*p++ = '{';
+	TAILQ_FOREACH(o, &c->batch, link) {
+		if (o->kind != PG_COMPLETE)
+			continue;
+		if (p > lit + 1)
+			*p++ = ',';
+		*p++ = '"';		/* "scope:key" */
+		p = array_escape(p, o->key.scope);
+		*p++ = ':';
+		p = array_escape(p, o->key.key);
+		*p++ = '"';
+	}
+	*p++ = '}';
+	*p = '\0';
+	v[0] = lit;
+	rc = PQsendQueryPrepared(c->pg, "idem_wake", 1, v, NULL, NULL, 0) ? 1 : -1;
+	free(lit);
+	return rc;
+}
+
 /* ---- the store operations ------------------------------------------ */
 
 static struct store_op *pg_claim(struct store *st, struct event_base *base,
@@ -912,11 +980,12 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 		     "PREPARE idem_extend (text, text, text, bigint, bigint) AS %s;\n"
 		     "PREPARE idem_sweep (int) AS %s;\n"
 		     "PREPARE idem_inspect (text, text, boolean) AS %s;\n"
-		     "PREPARE idem_purge (text, text) AS %s;\n",
+		     "PREPARE idem_purge (text, text) AS %s;\n"
+		     "PREPARE idem_wake (text[]) AS %s;\n",
 		     schema, (unsigned long long)s->part_width_ms,
 		     store_pg_claim_sql, store_pg_complete_sql,
 		     release_sql, extend_sql, sweep_sql, inspect_sql,
-		     purge_sql) < 0)
+		     purge_sql, store_pg_wake_sql) < 0)
 		s->setup_sql = NULL;
 	free(schema);
 	s->dns = pg_dns_new(&s->hosts);

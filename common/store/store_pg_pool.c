@@ -314,6 +314,8 @@ static void conn_fail(struct pg_conn *c, const char *why)
 	c->state = PGC_DOWN;
 	c->unacked = false;
 	c->read_only = false;
+	c->wake_sent = false;
+	c->waking = false;
 	delay = c->backoff_ms;
 	c->backoff_ms = c->backoff_ms * 2 > PG_BACKOFF_MAX_MS ?
 				PG_BACKOFF_MAX_MS : c->backoff_ms * 2;
@@ -343,13 +345,24 @@ static void conn_fail(struct pg_conn *c, const char *why)
 	evtimer_add(c->timer, &tv);
 }
 
-/* (Re)arm the socket event: the socket can change between connect steps. */
+/*
+ * (Re)arm the socket event. Until the connection is set up its socket can
+ * change between connect steps (another address, another host; a closed
+ * socket's number may come back for the next), so each step makes a new
+ * event. Once it is IDLE or BUSY the socket stays, and the event is left
+ * alone unless what it waits for changes: no epoll_ctl per batch.
+ */
 static void arm_io(struct pg_conn *c, short what)
 {
 	int fd = PQsocket(c->pg);
 
+	if (c->io != NULL && (c->state == PGC_IDLE || c->state == PGC_BUSY) &&
+	    c->io_fd == fd && c->io_what == what)
+		return;
 	if (c->io != NULL)
 		event_free(c->io);
+	c->io_fd = fd;
+	c->io_what = what;
 	c->io = event_new(c->local->base, fd, what | EV_PERSIST, io_cb, c);
 	if (c->io == NULL || event_add(c->io, NULL) < 0)
 		conn_fail(c, "cannot watch its socket");
@@ -853,12 +866,40 @@ static void batch_unacked(struct pg_conn *c)
 	batch_unknown(c);
 }
 
+/* The wake-up's results (pg_send_wake): nothing to keep, and its Sync
+ * frees the connection. A wake-up that failed leaves the waiters to their
+ * poll. */
+static void wake_result(struct pg_conn *c, PGresult *r)
+{
+	if (r == NULL)
+		return;
+	switch (PQresultStatus(r)) {
+	case PGRES_PIPELINE_SYNC:
+		evtimer_del(c->timer);
+		c->waking = false;
+		c->state = PGC_IDLE;
+		break;
+	case PGRES_TUPLES_OK:
+	case PGRES_PIPELINE_ABORTED:
+		break;
+	default:
+		log_warn("postgres store: waking waiters: %s(they poll)",
+			 PQresultErrorMessage(r));
+		break;
+	}
+	PQclear(r);
+}
+
 /* One result of the batch on the wire (NULL: the end of one statement's
  * results). */
 static void batch_result(struct pg_conn *c, PGresult *r)
 {
 	struct pg_op *o = c->reading;
 
+	if (c->waking) {
+		wake_result(c, r);
+		return;
+	}
 	if (r == NULL) {
 		if (o != NULL && (o->result != NULL || o->stmt_failed))
 			c->reading = TAILQ_NEXT(o, link);
@@ -867,7 +908,6 @@ static void batch_result(struct pg_conn *c, PGresult *r)
 	switch (PQresultStatus(r)) {
 	case PGRES_PIPELINE_SYNC:
 		PQclear(r);
-		evtimer_del(c->timer);
 		if (c->read_only) {
 			/* rolled back; not the statements' fault: all of them
 			 * go to the primary, wherever it is now */
@@ -875,7 +915,14 @@ static void batch_result(struct pg_conn *c, PGresult *r)
 				  "the primary)");
 			return;
 		}
-		c->state = PGC_IDLE;
+		if (c->wake_sent) {
+			/* outcomes now; busy until the wake-up answers */
+			c->wake_sent = false;
+			c->waking = true;
+		} else {
+			evtimer_del(c->timer);
+			c->state = PGC_IDLE;
+		}
 		if (c->unacked && !c->batch_failed) {
 			batch_unacked(c);
 			return;
@@ -1053,6 +1100,19 @@ static void send_batch(struct pg_conn *c)
 			return;
 		}
 	if (PQpipelineSync(c->pg) != 1) {
+		conn_fail(c, "send failed");
+		return;
+	}
+	c->wake_sent = false;
+	switch (pg_send_wake(c)) {
+	case 1:
+		if (PQpipelineSync(c->pg) != 1) {
+			conn_fail(c, "send failed");
+			return;
+		}
+		c->wake_sent = true;
+		break;
+	case -1:
 		conn_fail(c, "send failed");
 		return;
 	}

@@ -128,11 +128,16 @@ struct pg_conn {
 					 * standby's wait was cancelled */
 	bool read_only;			/* the batch hit a read-only server */
 	struct event *io;
+	int io_fd;			/* what io watches, and for what */
+	short io_what;
 	struct event *timer;		/* back-off, or the batch deadline */
 	enum pgc_state state;
 	struct pg_ops batch;		/* BUSY: the batch's operations, in order */
 	struct pg_op *reading;		/* whose result comes next; NULL: Sync */
 	bool batch_failed;		/* an error: the transaction rolled back */
+	bool wake_sent;			/* BUSY: a wake-up follows the batch */
+	bool waking;			/* BUSY: the batch answered, its wake-up
+					 * not yet */
 	int backoff_ms;
 	uint64_t retry_at;		/* DOWN: monotonic ms of the next attempt */
 	bool listener;
@@ -214,6 +219,9 @@ int pg_convert(PGconn *pg, uint64_t width_ms, char *err, size_t errlen);
 const char *pg_stmt_name(enum pg_kind kind);
 /* Queue o's statement in c's pipeline. 0 or -1. */
 int pg_send_op(struct pg_conn *c, struct pg_op *o);
+/* Queue the wake-up of c's batch's completions (a transaction of its own,
+ * after the batch's Sync): 1 sent, 0 nothing to wake, -1 failed. */
+int pg_send_wake(struct pg_conn *c);
 /* The advisory lock a claim of k takes before it inserts or takes over
  * (idemproxy_claim3): SipHash-2-4 of "scope\0key" under a fixed key, the
  * same in every instance sharing the table. Batches send their claims in

@@ -168,6 +168,57 @@ def test_cross_instance_in_flight_reject_and_wait(make_proxy, pg_db, stub):
     assert executions(stub) == 1
 
 
+def notifications_heard(pg_db, action, settle_s=1.0):
+    """Run action() while a psql session LISTENs on channel idemproxy;
+    return the payloads it heard, in order (psql prints them after each
+    command: a few commands over settle_s after action returned)."""
+    from support.stores import PSQL_BIN
+    srv = pg_db.server
+    ps = subprocess.Popen(
+        [PSQL_BIN, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres",
+         "-d", pg_db.name, "-Atq"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=clean_env({"PGCONNECT_TIMEOUT": "5"}))
+    try:
+        ps.stdin.write("LISTEN idemproxy;\nSELECT 'listening';\n")
+        ps.stdin.flush()
+        assert ps.stdout.readline().strip() == "listening"
+        action()
+        ps.stdin.write(f"SELECT pg_sleep({settle_s / 5});\n" * 5 + "\\q\n")
+        out, _ = ps.communicate(timeout=30)
+    finally:
+        if ps.poll() is None:
+            ps.kill()
+            ps.wait()
+    return re.findall(r'notification "idemproxy" with payload "(.*)" '
+                      r'received', out)
+
+
+def test_completions_wake_waiters_after_commit(make_proxy, pg_db, stub):
+    """Waiters anywhere hear "<scope>:<key>" on channel idemproxy once a
+    completion committed (sent by a transaction of its own after the
+    batch's commit): one notification per completion, keys with quotes,
+    backslashes, commas and braces included, and every key it names is
+    completed when it is heard."""
+    a = start_pg_proxy(make_proxy, pg_db, name="a")
+    keys = [newkey("wake"), 'w"q\\b,c{d}' + newkey("")]
+    done = []
+
+    def complete_them():
+        for k in keys:
+            sf = '"' + k.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            r = post(a.port, sf)
+            assert r.status == 200 and not replayed(r), r
+            done.append(k)
+
+    heard = notifications_heard(pg_db, complete_them)
+    assert sorted(heard) == sorted(":" + k for k in keys), heard
+    for k in keys:
+        assert pg_db.psql("select state from idempotency_keys where key = "
+                          "'" + k.replace("'", "''") + "'") == "completed"
+    assert executions(stub) == 2
+
+
 # ------------------------------------------------ durability
 
 def test_restart_persistence(make_proxy, pg_db, stub):
