@@ -12,10 +12,15 @@
 #     goals: same / pass >= 1.5x, unique / pass-lua >= 0.9x
 #  B. PostgreSQL 15 (private cluster, fsync on, synchronous_commit on)
 #       nginx        proxy_pass of the same POST (tests/bench/nginx.conf.in)
-#       pgbench      the exact claim + complete statements of a new key
-#                    (pgbench_claim.py, -M prepared), two implicit
+#       pgbench      the exact claim, complete and wake-up statements of a
+#                    new key (pgbench_claim.py, -M prepared), three implicit
 #                    transactions per key, as many clients as wrk has
 #                    connections
+#       app          the application's ceiling (issue 22): what doing it in
+#                    the application costs, one INSERT claiming the key and
+#                    one UPDATE storing the response, two implicit
+#                    transactions, no NOTIFY, on a plain table
+#                    (app_keys.sql, -M prepared, same clients)
 #       pg-unique    idemproxy --store postgres://..., unique keys
 #                    (response cache at its default)
 #       pg-pass      the same idemproxy, no key (post1k.lua)
@@ -28,11 +33,12 @@
 #       pgr-same     the same with the response cache: replays from the cache
 #     goals: pg-unique >= 0.8x pgbench tps (issue 4); pgr-same >= 1.0x nginx;
 #     issue 9: pg-unique / pgbench >= 1.0x at c=8 and >= 1.5x at c=32;
+#     issue 22: pg-unique / app >= 1.0x at c=8 and >= 1.5x at c=32;
 #     replays from PostgreSQL without Redis (pg-same-nc; pg-same shown too)
 #     >= 1.0x pg-pass at c=32 (moonshot: >= mem-same)
-#  C. PostgreSQL work per new key: one more run of pgbench, of pgbench-nn
-#     (the same without the complete's pg_notify(), pgbench_claim.py
-#     --no-notify: what the NOTIFY commit lock costs) and of pg-unique per
+#  C. PostgreSQL work per new key: one more run of pgbench, of app, of pgbench-nn
+#     (the same without the wake-up transaction, pgbench_claim.py
+#     --no-notify: what waking the waiters costs) and of pg-unique per
 #     concurrency, with pg_stat_database (database bench) and pg_stat_wal
 #     read STATS_SETTLE seconds after the previous activity (PostgreSQL 15
 #     backends publish their counters at most once a second while busy, and
@@ -58,6 +64,8 @@
 #                      interleaved in every round
 #   PG=1               0: part A only (no PostgreSQL, Redis, pgbench)
 #   ACCOUNT=1          0: skip part C
+#   ONLY=""            the targets to measure, e.g. ONLY="app pg-unique"
+#                      (default: all; goals need both of their rows)
 #   STATS_SETTLE=11    seconds to wait before reading PostgreSQL's counters
 #   STORE_CONNECTIONS  idemproxy --store-connections (unset: its default, 4)
 #   REDO_OTHER=10      a run during which more than this % of the machine's
@@ -310,6 +318,12 @@ start_pg() {
 	for db in bench bench0 benchr benchr0; do
 		psql_c postgres "CREATE DATABASE $db" >/dev/null
 	done
+	# the application's own table (row app, app_keys.sql)
+	psql_c bench "CREATE TABLE app_keys (scope text NOT NULL, key text NOT NULL,
+		fingerprint bytea NOT NULL, state text NOT NULL, status int,
+		headers bytea, body bytea, locked_until timestamptz,
+		created_at timestamptz NOT NULL DEFAULT now(),
+		PRIMARY KEY (scope, key))" >/dev/null
 	PG_SETTINGS=$(psql_c postgres "SELECT string_agg(name || '=' || setting, ' ' ORDER BY name)
 		FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit',
 		'full_page_writes', 'wal_sync_method', 'commit_delay')")
@@ -528,7 +542,13 @@ echo
 # name | kind (wrk/pgbench) | url | lua | proxy pids | store pids | env | check
 NGINX_WORKERS=$(cat /proc/"$NGINX_PID"/task/*/children | tr '\n' ' ')
 TARGETS=(mem-pass mem-pass-lua mem-unique mem-same)
-[[ $PG == 1 ]] && TARGETS+=(nginx pgbench pg-unique pg-pass pg-same-nc pg-same pgr-same-nc pgr-same)
+[[ $PG == 1 ]] && TARGETS+=(nginx pgbench app pg-unique pg-pass pg-same-nc pg-same pgr-same-nc pgr-same)
+if [[ -n ${ONLY:-} ]]; then
+	for t in $ONLY; do
+		[[ " ${TARGETS[*]} " == *" $t "* ]] || die "ONLY: no target $t"
+	done
+	read -r -a TARGETS <<<"$ONLY"
+fi
 declare -A T_URL T_LUA T_PP T_SP T_ENV T_SRV T_CHECK T_DESC
 def() { T_SRV[$1]=$2; T_LUA[$1]=$3; T_ENV[$1]=$4; T_CHECK[$1]=$5; T_DESC[$1]=$6; }
 def mem-pass     mem "$HERE/post1k.lua"       ""            passthrough "memory, no key (static request)"
@@ -538,6 +558,7 @@ def mem-same     mem "$HERE/keyed_same.lua"   "KEYED_KEY=same-mem-$RANDOM$RANDOM
 if [[ $PG == 1 ]]; then
 	def nginx     nginx "$HERE/post1k.lua"       ""  "" "nginx proxy_pass, no key"
 	def pgbench   -     ""                       ""  "" "pgbench claim+complete"
+	def app       -     ""                       ""  "" "application: INSERT + UPDATE"
 	def pg-unique   pg   "$HERE/keyed_unique.lua" "" forwarded "postgres, unique keys (all win)"
 	def pg-pass     pg   "$HERE/post1k.lua"       "" passthrough "postgres, no key (static request)"
 	def pg-same-nc  pg0  "$HERE/keyed_same.lua"   "KEYED_KEY=same-pg0-$RANDOM$RANDOM" replayed "postgres, no cache, one key (replays)"
@@ -575,6 +596,10 @@ measure() {	# measure TARGET DUR: prints the result line plus the share
 	local t=$1 dur=$2 c0=0 c1=0 res share=-
 	if [[ $t == pgbench ]]; then
 		run_pgbench "$dur"
+		return
+	fi
+	if [[ $t == app ]]; then
+		run_pgbench "$dur" "$HERE/app_keys.sql"
 		return
 	fi
 	if [[ $t == pgbench-nn ]]; then
@@ -659,6 +684,7 @@ echo
 
 goal() {	# goal LABEL C NUM_TARGET DEN_TARGET MIN: req/s ratio and both p99s
 	local k1=$2/$3 k2=$2/$4
+	[[ -n ${M[$k1]:-} && -n ${M[$k2]:-} ]] || return 0	# ONLY left one out
 	awk -v l="$1" -v a="${M[$k1]}" -v b="${M[$k2]}" -v g="$5" \
 	    -v qa="${Q[$k1]}" -v qb="${Q[$k2]}" 'BEGIN {
 		r = b > 0 ? a / b : 0
@@ -670,7 +696,7 @@ for c in $CONNS_LIST; do
 	echo "c=$c"
 	goal "memory: replays / pass-through (issue 3)" "$c" mem-same mem-pass 1.5
 	goal "memory: unique-key writes / pass-through, same Lua" "$c" mem-unique mem-pass-lua 0.9
-	goal "memory: unique-key writes / pass-through (static)" "$c" mem-unique mem-pass 0.9
+	goal "memory: unique-key writes / pass-through (static; issue 22)" "$c" mem-unique mem-pass 0.9
 	if [[ $PG == 1 ]]; then
 		goal "postgres: unique-key writes / pgbench (issue 4)" "$c" pg-unique pgbench 0.8
 		case $c in
@@ -679,9 +705,15 @@ for c in $CONNS_LIST; do
 		*) g=1.0 l="(info) postgres: new keys / pgbench, 2 txns per key" ;;
 		esac
 		goal "$l" "$c" pg-unique pgbench "$g"
+		case $c in
+		8) g=1.0 l="postgres: new keys / the application's pair (issue 22)" ;;
+		32) g=1.5 l="postgres: new keys / the application's pair (issue 22)" ;;
+		*) g=1.0 l="(info) postgres: new keys / the application's pair" ;;
+		esac
+		goal "$l" "$c" pg-unique app "$g"
 		l="(info) "
 		[[ $c == 32 ]] && l=""
-		goal "${l}postgres, cache off: replays / pass-through (issue 9 a)" "$c" pg-same-nc pg-pass 1.0
+		goal "${l}postgres, cache off: replays / pass-through (issues 9 a, 22)" "$c" pg-same-nc pg-pass 1.0
 		goal "${l}postgres, cache on: replays / pass-through (issue 9 a)" "$c" pg-same pg-pass 1.0
 		goal "(moonshot) postgres, cache off: replays / memory replays" "$c" pg-same-nc mem-same 1.0
 		goal "(moonshot) postgres, cache on: replays / memory replays" "$c" pg-same mem-same 1.0
@@ -729,7 +761,7 @@ if [[ $PG == 1 && $ACCOUNT == 1 ]]; then
 	before=$(pg_counters)
 	for c in $CONNS_LIST; do
 		CONNS=$c
-		for t in pgbench pgbench-nn pg-unique; do
+		for t in pgbench app pgbench-nn pg-unique; do
 			sampler_start "$TMP/waits.$c.$t"
 			res=$(measure "$t" "$DURATION") || exit 1
 			sampler_stop
@@ -756,13 +788,15 @@ if [[ $PG == 1 && $ACCOUNT == 1 ]]; then
 	echo " idemproxy sends what queued while its connections were busy as one pipeline = one"
 	echo " transaction. WAL writes/syncs: pg_stat_wal wal_write/wal_sync (all processes); a"
 	echo " sync is one fdatasync that group commit shares among the commits waiting for it."
-	echo " pgbench-nn: the same without the complete's pg_notify(), an experiment: what the"
-	echo " NOTIFY lock below costs pgbench; idemproxy always notifies.)"
+	echo " app: the application's INSERT + UPDATE on a plain table, 2 commits per key, no NOTIFY."
+	echo " pgbench: claim, complete and the wake-up (pg_notify, no WAL flush waited for) as 3"
+	echo " transactions. pgbench-nn: the same without the wake-up, an experiment: what waking"
+	echo " costs; idemproxy always wakes, once per batch with completions, after its commit.)"
 	echo
 	echo "== where bench's backends were during those runs (pg_stat_activity every 50 ms;"
 	echo "   average number of backends per snapshot; CPU = active with no wait event)"
 	for c in $CONNS_LIST; do
-		for t in pgbench pgbench-nn pg-unique; do
+		for t in pgbench app pgbench-nn pg-unique; do
 			awk -F'|' -v c="$c" -v t="$t" '
 			{ snap[$1] = 1; if ($3 == "active") k = $2; else k = $3 ":" $2; n[k]++ }
 			END {
@@ -782,7 +816,7 @@ if [[ $PG == 1 && $ACCOUNT == 1 ]]; then
 	echo "(idle:ClientRead = waiting for the client (pgbench, idemproxy); IO:WALSync = in"
 	echo " fdatasync; LWLock:WALWrite = waiting for another backend's WAL write/flush;"
 	echo " Lock:object = the cluster-wide lock a transaction that ran NOTIFY holds from its"
-	echo " pre-commit to the end of its commit, WAL flush included)"
+	echo " pre-commit to the end of its commit, a WAL flush included unless it waits for none)"
 fi
 
 if [[ $PG == 1 ]]; then
