@@ -180,21 +180,23 @@ def open_fds(pid):
 
 def test_admin_listener_caps_connections(make_proxy):
     """At 128 open admin connections the proxy stops accepting more:
-    400 idle clients cost it at most 128 descriptors, and a probe that
-    waited in the backlog behind them is answered once they go."""
+    200 idle clients cost it at most 128 descriptors, and a probe that
+    waited in the backlog behind them is answered once they go. (200: the
+    72 not accepted and the probe fit in the listen backlog of 128; with
+    more, the kernel drops the probe's SYN and it cannot connect.)"""
     p = make_proxy()
     wait_readyz(p)
     base = open_fds(p.pid)
     held = []
     try:
-        for _ in range(400):
+        for _ in range(200):
             s = socket.socket()
             s.setblocking(False)
             s.connect_ex(("127.0.0.1", p.admin_port))
             held.append(s)
         time.sleep(1.0)
         grown = open_fds(p.pid) - base
-        assert grown <= 128 + 4, f"{grown} descriptors for 400 idle clients"
+        assert grown <= 128 + 4, f"{grown} descriptors for 200 idle clients"
         assert grown >= 100, f"only {grown}: the clients did not connect"
         probe = socket.create_connection(("127.0.0.1", p.admin_port), 5)
         probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
