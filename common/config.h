@@ -149,7 +149,7 @@ void config_unref(struct config *cfg);
 /* Is this llhttp method number protected by cfg->methods? */
 static inline bool config_method_protected(const struct config *cfg, int method)
 {
-	return method >= 0 && method < 64 && (cfg->methods_mask >> method) & 1;
+	return route_method_in(cfg->methods_mask, method);
 }
 
 #endif

@@ -727,16 +727,34 @@ const struct policy *route_policy(const struct route_table *t, int method,
 	for (int i = 0; i < t->nroutes; i++) {
 		const struct route *r = &t->routes[i];
 
-		if (method < 0 || method >= 64 || !((r->methods >> method) & 1))
+		if (!route_method_in(r->methods, method))
 			continue;
 		if (!route_glob_match(r->glob, target, len))
 			continue;
 		*name = r->name;
 		return r->policy.key_source == KEY_SRC_NONE ? NULL : &r->policy;
 	}
-	if (method < 0 || method >= 64 || !((t->methods_mask >> method) & 1))
+	if (!route_method_in(t->methods_mask, method))
 		return NULL;
 	return &t->global;
+}
+
+bool routes_consider(const struct route_table *t, int method)
+{
+	if (route_method_in(t->methods_mask, method))
+		return true;
+	for (int i = 0; i < t->nroutes; i++)
+		if (route_method_in(t->routes[i].methods, method))
+			return true;
+	return false;
+}
+
+bool routes_issue_keys(const struct route_table *t)
+{
+	for (int i = 0; i < t->nroutes; i++)
+		if (t->routes[i].policy.require_issued_key)
+			return true;
+	return false;
 }
 
 /* ---- printing ------------------------------------------------------------ */

@@ -48,13 +48,15 @@ void route_raw_free(struct route_raw *raw);
  * route key that is also an option is held to that syntax and starts from
  * that value.
  */
+typedef const struct setting_syntax *(*route_option_fn)(const void *opts,
+							const char *name,
+							const void **value);
+
 struct route_options {
 	const char *key_header;		/* --key-header */
 	uint64_t upstream_timeout_ms;	/* a route's lease is longer */
 	uint64_t methods_mask;		/* protected without a route */
-	const struct setting_syntax *(*option)(const void *opts,
-					       const char *name,
-					       const void **value);
+	route_option_fn option;
 	const void *opts;
 };
 
@@ -64,10 +66,14 @@ struct route_table {
 	struct route *routes;
 	int nroutes;
 	uint64_t methods_mask;
-	const struct setting_syntax *(*option)(const void *opts,
-					       const char *name,
-					       const void **value);
+	route_option_fn option;
 };
+
+/* Is llhttp method number method in mask (a bit per method)? */
+static inline bool route_method_in(uint64_t mask, int method)
+{
+	return method >= 0 && method < 64 && (mask >> method) & 1;
+}
 
 /*
  * Build t->global from o and t->routes from raw (each route starts as a
@@ -88,6 +94,12 @@ void routes_free(struct route_table *t);
  */
 const struct policy *route_policy(const struct route_table *t, int method,
 				  const char *target, const char **name);
+
+/* May a route or the protected methods cover requests of this method? */
+bool routes_consider(const struct route_table *t, int method);
+
+/* Does a route ask for issued keys (GET /.well-known/idempotency-key)? */
+bool routes_issue_keys(const struct route_table *t);
 
 bool route_glob_match(const char *glob, const char *s, size_t len);
 

@@ -310,14 +310,6 @@ static void continue_if_expected(struct conn *c)
  */
 #define ISSUE_RATE 50
 
-static bool issuing(const struct config *cfg)
-{
-	for (int i = 0; i < cfg->routing.nroutes; i++)
-		if (cfg->routing.routes[i].policy.require_issued_key)
-			return true;
-	return false;
-}
-
 static bool issue_allowed(void)
 {
 	static _Thread_local uint64_t last_ms;
@@ -342,18 +334,6 @@ static void pass_as_is(struct conn *c)
 	conn_forward(c);
 }
 
-/* May a route or --methods protect requests of this method? */
-static bool considered(const struct config *cfg, int method)
-{
-	if (config_method_protected(cfg, method))
-		return true;
-	for (int i = 0; i < cfg->routing.nroutes; i++)
-		if (method >= 0 && method < 64 &&
-		    (cfg->routing.routes[i].methods >> method) & 1)
-			return true;
-	return false;
-}
-
 /*
  * DESIGN.md §1 items 1-4 and §4: find the request's policy, then pass it
  * through, refuse it, or buffer its body for the engine.
@@ -370,7 +350,7 @@ void conn_keyed_decide(struct conn *c)
 		 * separator): never forwarded where a route or protection
 		 * could apply (an upstream may read it as a protected path),
 		 * else passed on as it came (DESIGN §1.1) */
-		if (considered(c->cfg, c->method)) {
+		if (routes_consider(&c->cfg->routing, c->method)) {
 			conn_answer(c, PROBLEM_BAD_REQUEST, "the path has dot "
 				    "segments or an encoded separator",
 				    OUTCOME_PASSTHROUGH, false);
@@ -379,7 +359,8 @@ void conn_keyed_decide(struct conn *c)
 		pass_as_is(c);
 		return;
 	}
-	if (c->method == HTTP_GET && issuing(c->cfg) && issue_is_path(c->match)) {
+	if (c->method == HTTP_GET && routes_issue_keys(&c->cfg->routing) &&
+	    issue_is_path(c->match)) {
 		if (!issue_allowed()) {
 			conn_answer(c, PROBLEM_TOO_MANY_REQUESTS, "keys are issued "
 				    "at a bounded rate; retry", OUTCOME_BUSY, false);

@@ -302,25 +302,6 @@ static const char *unacceptable(struct client *c, int method, int minor,
 	return NULL;
 }
 
-static bool considered(int method)
-{
-	if (config_method_protected(cfg, method))
-		return true;
-	for (int i = 0; i < cfg->routing.nroutes; i++)
-		if (method >= 0 && method < 64 &&
-		    (cfg->routing.routes[i].methods >> method) & 1)
-			return true;
-	return false;
-}
-
-static bool issuing(void)
-{
-	for (int i = 0; i < cfg->routing.nroutes; i++)
-		if (cfg->routing.routes[i].policy.require_issued_key)
-			return true;
-	return false;
-}
-
 /* conn_forward(): the head upstream, then the body. false when the body
  * could not be read in full (refused, or the input ran out). */
 static bool forward(struct client *c, const struct reqhead *rh)
@@ -442,14 +423,15 @@ static bool request(struct client *c)
 	req_done = rh.body == BODY_NONE;
 
 	if (match == NULL) {
-		if (considered(method)) {
+		if (routes_consider(&cfg->routing, method)) {
 			answer(c, PROBLEM_BAD_REQUEST, "dot segments", false, minor);
 			go_on = keep && req_done;
 			goto out;
 		}
 		goto as_is;
 	}
-	if (method == HTTP_GET && issuing() && issue_is_path(match)) {
+	if (method == HTTP_GET && routes_issue_keys(&cfg->routing) &&
+	    issue_is_path(match)) {
 		/* conn_keyed.c on_issued(): answered after the store
 		 * recorded the key; closed without keep-alive, or when a
 		 * body was not read */

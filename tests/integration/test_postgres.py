@@ -17,6 +17,7 @@ from support.http import (RawConn, assert_problem, request, send_together,
                           upstream_echo)
 from support.procs import (IDEMPROXY_BIN, clean_env, free_port, metric_value,
                            proxy_kill, readyz, wait_readyz)
+from support.stores import PSQL_BIN
 from test_idempotency import (ORDER, assert_identical, assert_one_original,
                               executions, kreq, newkey, outcomes, post,
                               replayed)
@@ -172,7 +173,6 @@ def notifications_heard(pg_db, action, settle_s=1.0):
     """Run action() while a psql session LISTENs on channel idemproxy;
     return the payloads it heard, in order (psql prints them after each
     command: a few commands over settle_s after action returned)."""
-    from support.stores import PSQL_BIN
     srv = pg_db.server
     ps = subprocess.Popen(
         [PSQL_BIN, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres",

@@ -879,7 +879,7 @@ static void test_verify_github(void)
 	ok(!gh("It's a secret to everybody", GH_SIG, GH_BODY), "github: wrong secret");
 	ok(!gh(GH_SECRET, GH_SIG, "Hello, World?"), "github: body changed");
 	ok(!gh(GH_SECRET, GH_SIG, "Hello, World! "), "github: body extended");
-	ok(!gh(GH_SECRET, GH_SIG + 7, GH_BODY), "github: no sha256= prefix");
+	ok(!gh(GH_SECRET, &GH_SIG[7], GH_BODY), "github: no sha256= prefix");
 	ok(!gh(GH_SECRET, "sha1=757107ea0eb2509fc211221cce984b8a37570b6d", GH_BODY),
 	   "github: sha1= refused");
 	strcpy(sig, GH_SIG);
