@@ -201,6 +201,23 @@ static const struct config_opt options[] = {
 	  .off = F(issued_key_ttl_ms), .def = "10m", .metavar = "DUR",
 	  .help = "how long a key from GET /.well-known/idempotency-key may "
 		  "wait to be used (routes with require_issued_key)" },
+	{ .name = "fingerprint", .syn = SYNTAX_WORDS(policy_fp_body_words),
+	  .off = F(fp_body), .def = "body", .metavar = "body|json|form",
+	  .help = "what of a keyed body counts as the same request: its bytes, "
+		  "its canonical JSON (RFC 8785), or its form fields decoded and "
+		  "sorted" },
+	{ .name = "fingerprint-ignore", .syn = SYNTAX_STRING,
+	  .off = F(fp_ignore), .defdoc = "none", .metavar = "LIST",
+	  .help = "JSON pointers (json) or form field names (form) the "
+		  "fingerprint leaves out, e.g. /sent_at,/meta/nonce" },
+	{ .name = "fingerprint-only", .syn = SYNTAX_STRING,
+	  .off = F(fp_only), .defdoc = "the whole body", .metavar = "LIST",
+	  .help = "instead of --fingerprint-ignore: the only JSON pointers or "
+		  "form fields the fingerprint covers" },
+	{ .name = "fingerprint-query", .syn = SYNTAX_WORDS(policy_fp_query_words),
+	  .off = F(fp_query), .def = "exact", .metavar = "exact|sorted|ignore",
+	  .help = "the query string as sent, its parameters decoded, sorted "
+		  "and re-encoded, or none of it" },
 	{ .name = "memory-max-bytes", .syn = SYNTAX_SIZE(MIB, 64 * 1024 * MIB),
 	  .off = F(memory_max_bytes), .def = "256MiB", .metavar = "SIZE",
 	  .help = "memory store: records and responses together; beyond, new "

@@ -76,6 +76,10 @@ struct config {
 	int max_connections;		/* per worker; accept pauses beyond */
 	uint64_t memory_max_bytes;	/* memory store bound */
 	uint64_t issued_key_ttl_ms;	/* GET /.well-known/idempotency-key */
+	enum fp_body fp_body;		/* --fingerprint (fpshape.h) */
+	enum fp_query fp_query;		/* --fingerprint-query */
+	char *fp_ignore;		/* --fingerprint-ignore, as given */
+	char *fp_only;			/* --fingerprint-only, as given */
 	int store_connections;		/* PostgreSQL statement conns per worker */
 	uint64_t max_buffered;		/* keyed bodies buffered, process-wide */
 	uint64_t response_cache;	/* bytes; 0: no in-process cache */

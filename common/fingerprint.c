@@ -8,8 +8,9 @@
 #include <openssl/evp.h>
 
 /* Domain separation: a fingerprint can never equal some other SHA-256 of
- * ours, and a future change of definition gets a new tag. */
+ * ours, and a change of definition gets a new tag. */
 static const char fp_tag[] = "idemproxy-fingerprint-v1";
+static const char fp_tag_shaped[] = "idemproxy-fingerprint-v2";
 
 static int put_len(EVP_MD_CTX *ctx, uint64_t len)
 {
@@ -27,28 +28,55 @@ static int put_field(EVP_MD_CTX *ctx, const void *p, size_t len)
 	return put_len(ctx, len) && EVP_DigestUpdate(ctx, p, len);
 }
 
-int fp_compute(const char *method, const char *target, const struct iovec *body,
-	       int n, uint8_t out[FP_LEN])
+/* The body pieces, length first, and the digest into out. */
+static int put_body_final(EVP_MD_CTX *ctx, int ok, const struct iovec *body,
+			  int n, uint8_t out[FP_LEN])
 {
-	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
 	uint64_t body_len = 0;
 	unsigned int outlen = 0;
-	int ok;
 
-	if (ctx == NULL)
-		return -1;
 	for (int i = 0; i < n; i++)
 		body_len += body[i].iov_len;
-	ok = EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
-	     EVP_DigestUpdate(ctx, fp_tag, sizeof(fp_tag)) &&	/* with its NUL */
-	     put_field(ctx, method, strlen(method)) &&
-	     put_field(ctx, target, strlen(target)) &&
-	     put_len(ctx, body_len);
+	ok = ok && put_len(ctx, body_len);
 	for (int i = 0; ok && i < n; i++)
 		ok = EVP_DigestUpdate(ctx, body[i].iov_base, body[i].iov_len);
 	ok = ok && EVP_DigestFinal_ex(ctx, out, &outlen) && outlen == FP_LEN;
 	EVP_MD_CTX_free(ctx);
 	return ok ? 0 : -1;
+}
+
+int fp_compute(const char *method, const char *target, const struct iovec *body,
+	       int n, uint8_t out[FP_LEN])
+{
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	int ok;
+
+	if (ctx == NULL)
+		return -1;
+	ok = EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
+	     EVP_DigestUpdate(ctx, fp_tag, sizeof(fp_tag)) &&	/* with its NUL */
+	     put_field(ctx, method, strlen(method)) &&
+	     put_field(ctx, target, strlen(target));
+	return put_body_final(ctx, ok, body, n, out);
+}
+
+int fp_compute_shaped(const char *shaping, size_t shaping_len,
+		      const char *method, const char *target, size_t target_len,
+		      char kind, const struct iovec *body, int n,
+		      uint8_t out[FP_LEN])
+{
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	int ok;
+
+	if (ctx == NULL)
+		return -1;
+	ok = EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
+	     EVP_DigestUpdate(ctx, fp_tag_shaped, sizeof(fp_tag_shaped)) &&
+	     put_field(ctx, shaping, shaping_len) &&
+	     put_field(ctx, method, strlen(method)) &&
+	     put_field(ctx, target, target_len) &&
+	     EVP_DigestUpdate(ctx, &kind, 1);
+	return put_body_final(ctx, ok, body, n, out);
 }
 
 void fp_hex(const uint8_t fp[FP_LEN], char *buf)

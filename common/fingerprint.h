@@ -19,6 +19,18 @@
 int fp_compute(const char *method, const char *target, const struct iovec *body,
 	       int n, uint8_t out[FP_LEN]) MUSTCHECK;
 
+/*
+ * A shaped fingerprint (fpshape.h; docs/protocol.md): the shaping's
+ * description, the method, the target as shaped (target_len bytes), a byte
+ * naming what the body pieces hold ('r' the raw bytes, 'j' the canonical
+ * JSON, 'p' the values of fingerprint_only's pointers, 'f' the decoded
+ * form fields), and the body pieces. Returns 0 or -1.
+ */
+int fp_compute_shaped(const char *shaping, size_t shaping_len,
+		      const char *method, const char *target, size_t target_len,
+		      char kind, const struct iovec *body, int n,
+		      uint8_t out[FP_LEN]) MUSTCHECK;
+
 /* Lower-case hex of a fingerprint into buf (at least 2 * FP_LEN + 1). */
 void fp_hex(const uint8_t fp[FP_LEN], char *buf);
 

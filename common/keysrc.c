@@ -29,9 +29,7 @@ int keysrc_finish(const char *prefix, const char *value, size_t len,
 	return (int)(plen + len);
 }
 
-/* Percent-decode s[0..len) ('+' is a space) into buf. Returns the decoded
- * length, or -1 for a malformed escape or a too long value. */
-static int url_decode(const char *s, size_t len, char *buf, size_t cap)
+int keysrc_url_decode(const char *s, size_t len, char *buf, size_t cap)
 {
 	size_t n = 0;
 
@@ -75,13 +73,13 @@ static int pairs_lookup(const char *s, size_t len, const char *name,
 		end = i++;
 		for (eq = start; eq < end && s[eq] != '='; eq++)
 			;
-		nlen = url_decode(s + start, eq - start, dname, sizeof(dname));
+		nlen = keysrc_url_decode(s + start, eq - start, dname, sizeof(dname));
 		if (nlen < 0 || (size_t)nlen != strlen(name) ||
 		    memcmp(dname, name, (size_t)nlen) != 0)
 			continue;
 		if (eq == end)
 			return KEYSRC_INVALID;	/* "key" with no '=' */
-		vlen = url_decode(s + eq + 1, end - eq - 1, dval, sizeof(dval));
+		vlen = keysrc_url_decode(s + eq + 1, end - eq - 1, dval, sizeof(dval));
 		if (vlen < 0)
 			return KEYSRC_INVALID;
 		return keysrc_finish(prefix, dval, (size_t)vlen, out);

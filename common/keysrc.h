@@ -31,6 +31,11 @@ int keysrc_form(const char *body, size_t len, const char *field,
 int keysrc_json(const char *body, size_t len, const char *pointer,
 		const char *prefix, char out[IDEMKEY_MAX + 1]);
 
+/* Percent-decode s[0..len) ('+' is a space) into buf, which may be s
+ * itself. Returns the decoded length, or -1 for a malformed escape or when
+ * more than cap bytes would come out (never with cap >= len). */
+int keysrc_url_decode(const char *s, size_t len, char *buf, size_t cap);
+
 /* prefix + value, checked as a key. For header and auto keys too. */
 int keysrc_finish(const char *prefix, const char *value, size_t len,
 		  char out[IDEMKEY_MAX + 1]);

@@ -96,6 +96,7 @@ enum tls_error {
 	X(sweep_deleted_total,     "Expired records deleted by the sweeper (an unpartitioned table).") \
 	X(sweep_partitions_dropped_total, "Partitions of expired records dropped.") \
 	X(store_unacknowledged_commits_total, "Store operations whose commit PostgreSQL made without the synchronous standby's acknowledgement (a cancelled wait); each was written again.") \
+	X(fingerprint_fallbacks_total, "Keyed requests on a route with fingerprint = json or form whose body was not JSON or a form, fingerprinted by their raw bytes.") \
 	X(tls_handshakes_total,    "Client TLS handshakes completed.") \
 	X(tls_resumed_total,       "Client TLS handshakes that resumed a session.") \
 	X(upstream_tls_handshakes_total, "TLS handshakes with the upstream completed.") \

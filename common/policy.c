@@ -31,6 +31,20 @@ const struct setting_word policy_verify_format_words[] = {
 	{ NULL, 0 },
 };
 
+const struct setting_word policy_fp_body_words[] = {
+	{ "body", FP_BODY_RAW },
+	{ "json", FP_BODY_JSON },
+	{ "form", FP_BODY_FORM },
+	{ NULL, 0 },
+};
+
+const struct setting_word policy_fp_query_words[] = {
+	{ "exact", FP_QUERY_EXACT },
+	{ "sorted", FP_QUERY_SORTED },
+	{ "ignore", FP_QUERY_IGNORE },
+	{ NULL, 0 },
+};
+
 static void secret_free(struct policy *p)
 {
 	if (p->verify_secret != NULL)
@@ -58,6 +72,8 @@ void policy_free(struct policy *p)
 	free(p->key_prefix);
 	free(p->scope_header);
 	free(p->verify_header);
+	free(p->fp_ignore);
+	free(p->fp_only);
 	secret_free(p);
 	memset(p, 0, sizeof(*p));
 }
@@ -74,6 +90,8 @@ int policy_copy(struct policy *dst, const struct policy *src)
 	dst->key_prefix = dup_or_null(src->key_prefix);
 	dst->scope_header = dup_or_null(src->scope_header);
 	dst->verify_header = dup_or_null(src->verify_header);
+	dst->fp_ignore = dup_or_null(src->fp_ignore);
+	dst->fp_only = dup_or_null(src->fp_only);
 	dst->verify_secret = NULL;
 	if (src->verify_secret != NULL) {
 		dst->verify_secret = malloc(src->verify_secret_len + 1);
@@ -85,6 +103,8 @@ int policy_copy(struct policy *dst, const struct policy *src)
 	    (src->key_prefix && !dst->key_prefix) ||
 	    (src->scope_header && !dst->scope_header) ||
 	    (src->verify_header && !dst->verify_header) ||
+	    (src->fp_ignore && !dst->fp_ignore) ||
+	    (src->fp_only && !dst->fp_only) ||
 	    (src->verify_secret && !dst->verify_secret))
 		return -1;
 	return 0;

@@ -48,17 +48,35 @@ enum verify_format {
 	VERIFY_STRIPE,		/* "t=<unix>,v1=<hex>[,v1=...]" over "<t>.<body>" */
 };
 
+/* What of the body a fingerprint covers (fpshape.h). */
+enum fp_body {
+	FP_BODY_RAW,		/* body: the bytes as received */
+	FP_BODY_JSON,		/* json: RFC 8785 canonical form */
+	FP_BODY_FORM,		/* form: urlencoded fields, decoded and sorted */
+};
+
+/* What of the query string a fingerprint covers. */
+enum fp_query {
+	FP_QUERY_EXACT,		/* exact: the raw request-target */
+	FP_QUERY_SORTED,	/* sorted: parameters decoded, sorted, re-encoded */
+	FP_QUERY_IGNORE,	/* ignore: the path alone */
+};
+
 /* The words of each mode, as both settings tables take and print them. */
 extern const struct setting_word policy_in_flight_words[];
 extern const struct setting_word policy_store_down_words[];
 extern const struct setting_word policy_upstream_error_words[];
 extern const struct setting_word policy_verify_format_words[];	/* not none */
+extern const struct setting_word policy_fp_body_words[];
+extern const struct setting_word policy_fp_query_words[];
 
 /* The settings tables (setting.h) store a word of an enum as an int. */
 _Static_assert(sizeof(enum in_flight_mode) == sizeof(int) &&
 	       sizeof(enum store_down_mode) == sizeof(int) &&
 	       sizeof(enum upstream_error_mode) == sizeof(int) &&
-	       sizeof(enum verify_format) == sizeof(int),
+	       sizeof(enum verify_format) == sizeof(int) &&
+	       sizeof(enum fp_body) == sizeof(int) &&
+	       sizeof(enum fp_query) == sizeof(int),
 	       "a settings table writes enums as int");
 
 struct policy {
@@ -82,6 +100,12 @@ struct policy {
 	uint64_t verify_tolerance_ms;
 	bool require_issued_key;
 	uint64_t issued_key_ttl_ms;
+	enum fp_body fp_body;
+	enum fp_query fp_query;
+	/* fingerprint_ignore / _only: JSON pointers or form field names, one
+	 * comma between items and no blanks (fpshape_list()); NULL: unset */
+	char *fp_ignore;
+	char *fp_only;
 };
 
 /* A deep copy of src into dst. On -1 (out of memory) dst holds what was

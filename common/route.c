@@ -24,6 +24,7 @@
 
 #include <llhttp.h>
 
+#include "fpshape.h"
 #include "httphdr.h"
 #include "setting.h"
 
@@ -349,6 +350,44 @@ static void print_scope(const struct route *r, FILE *out)
 		r->policy.scope_header ? r->policy.scope_header : "");
 }
 
+/* A list of fingerprint_ignore or _only. Setting one drops the other, as a
+ * route inherited it: a route says which of the two it shapes by. */
+static int set_fp_list(struct route *r, const char *v, char **own,
+		       char **other, char *why, size_t len)
+{
+	if (fpshape_list(v, own, why, len) < 0)
+		return -1;
+	free(*other);
+	*other = NULL;
+	return 0;
+}
+
+static int set_fp_ignore(struct route *r, const char *v, char **envp,
+			 char *why, size_t len)
+{
+	return set_fp_list(r, v, &r->policy.fp_ignore, &r->policy.fp_only,
+			   why, len);
+}
+
+static int set_fp_only(struct route *r, const char *v, char **envp,
+		       char *why, size_t len)
+{
+	return set_fp_list(r, v, &r->policy.fp_only, &r->policy.fp_ignore,
+			   why, len);
+}
+
+static void print_fp_ignore(const struct route *r, FILE *out)
+{
+	if (r->policy.fp_ignore != NULL)
+		fprintf(out, "fingerprint_ignore = %s\n", r->policy.fp_ignore);
+}
+
+static void print_fp_only(const struct route *r, FILE *out)
+{
+	if (r->policy.fp_only != NULL)
+		fprintf(out, "fingerprint_only = %s\n", r->policy.fp_only);
+}
+
 static const struct setting_word verify_words[] = {
 	{ "hmac-sha256", 1 },
 	{ "none", 0 },
@@ -457,6 +496,16 @@ static const struct route_key route_keys[] = {
 	  .flags = KEY_OPTION, .help = "5xx release the key, or are replayed" },
 	{ .name = "store_down", .off = P(store_down), .flags = KEY_OPTION,
 	  .help = "503, or forward unprotected, when the store is down" },
+	{ .name = "fingerprint", .off = P(fp_body), .flags = KEY_OPTION,
+	  .help = "body, json (RFC 8785) or form: what of the body counts" },
+	{ .name = "fingerprint_ignore", .off = P(fp_ignore), .set = set_fp_ignore,
+	  .print = print_fp_ignore, .flags = KEY_OPTION,
+	  .help = "JSON pointers or form fields the fingerprint leaves out" },
+	{ .name = "fingerprint_only", .off = P(fp_only), .set = set_fp_only,
+	  .print = print_fp_only, .flags = KEY_OPTION,
+	  .help = "instead: the only pointers or fields it covers" },
+	{ .name = "fingerprint_query", .off = P(fp_query), .flags = KEY_OPTION,
+	  .help = "exact, sorted or ignore: what of the query string counts" },
 	{ .name = "scope", .set = set_scope, .print = print_scope,
 	  .help = "header:NAME namespaces keys by that header's value; none" },
 	{ .name = "verify", .set = set_verify, .print = print_verify,
@@ -573,6 +622,7 @@ static int build_route(const struct route_table *t, struct route *r,
 		       size_t errlen)
 {
 	int verify_line = raw->line;
+	char why[512];
 
 	r->name = strdup(raw->name);
 	if (r->name == NULL || policy_copy(&r->policy, &t->global) < 0)
@@ -582,6 +632,17 @@ static int build_route(const struct route_table *t, struct route *r,
 	if (!has_key(raw, "match")) {
 		snprintf(err, errlen, "%s:%d: route %s: match is required (e.g. "
 			 "match = POST /orders*)", raw->file, raw->line, raw->name);
+		return -1;
+	}
+	if (has_key(raw, "fingerprint_ignore") && has_key(raw, "fingerprint_only")) {
+		snprintf(err, errlen, "%s:%d: route %s: fingerprint_ignore and "
+			 "fingerprint_only exclude each other", raw->file,
+			 raw->line, raw->name);
+		return -1;
+	}
+	if (fpshape_check(&r->policy, why, sizeof(why)) < 0) {
+		snprintf(err, errlen, "%s:%d: route %s: %s", raw->file, raw->line,
+			 raw->name, why);
 		return -1;
 	}
 	if (r->policy.lease_ms <= o->upstream_timeout_ms) {
@@ -644,6 +705,15 @@ static int global_policy(struct route_table *t, const struct route_options *o,
 				 "default: %s", k->name, why);
 			return -1;
 		}
+	}
+	/* the lists as the options gave them, in the form routes keep */
+	if ((g->fp_ignore != NULL &&
+	     fpshape_list(g->fp_ignore, &g->fp_ignore, why, sizeof(why)) < 0) ||
+	    (g->fp_only != NULL &&
+	     fpshape_list(g->fp_only, &g->fp_only, why, sizeof(why)) < 0) ||
+	    fpshape_check(g, why, sizeof(why)) < 0) {
+		snprintf(err, errlen, "fingerprint options: %s", why);
+		return -1;
 	}
 	return 0;
 oom:

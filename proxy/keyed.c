@@ -15,6 +15,7 @@
 
 #include "config.h"
 #include "fingerprint.h"
+#include "fpshape.h"
 #include "issue.h"
 #include "keysrc.h"
 #include "reqhead.h"
@@ -253,14 +254,27 @@ static void fill_request(const struct keyed_head *h, const struct keyed_key *k,
 	req->issued_at = issue_time(req->issued_key);
 }
 
-/* The fingerprint of method, raw target and body (DESIGN §1.5). */
+/* The fingerprint of method, target and body (DESIGN §1.5), as the
+ * route shapes it (fpshape.h). */
 static int fingerprint(const struct keyed_head *h, const char *body,
 		       size_t len, uint8_t fp[FP_LEN])
 {
-	struct iovec v = { .iov_base = (void *)body, .iov_len = len };
+	const struct policy *p = h->policy;
+	bool fallback;
 
-	return fp_compute(llhttp_method_name((llhttp_method_t)h->method),
-			  h->target, &v, len > 0, fp);
+	if (fpshape_compute(p, llhttp_method_name((llhttp_method_t)h->method),
+			    h->target, body, len, fp, &fallback) < 0)
+		return -1;
+	if (fallback) {
+		metrics_count(COUNTER_fingerprint_fallbacks_total);
+		log_debug("fingerprint = %s: the body of %s is not %s; its raw "
+			  "bytes are fingerprinted",
+			  setting_word(policy_fp_body_words, (int)p->fp_body),
+			  h->target, p->fp_body == FP_BODY_JSON ?
+			  "JSON (RFC 8259, UTF-8, no name twice, numbers a "
+			  "double can hold)" : "an urlencoded form");
+	}
+	return 0;
 }
 
 enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k,

@@ -8,10 +8,13 @@
  *            be64(len method) method  be64(len target) target
  *            be64(len body) body )
  */
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fingerprint.h"
+#include "fpshape.h"
 #include "tap.h"
 
 static void fp_str(const char *method, const char *target, const char *body,
@@ -118,11 +121,215 @@ static void test_hex(void)
 	   "lower-case hex, in order: %s", hex);
 }
 
+
+/* ---- shaped fingerprints (common/fpshape.c) -------------------------------- */
+
+/* A policy shaping as given; lists as fpshape_list() leaves them. */
+static struct policy shape(enum fp_body b, enum fp_query q, const char *ignore,
+			   const char *only)
+{
+	struct policy p = { .fp_body = b, .fp_query = q,
+			    .fp_ignore = (char *)ignore, .fp_only = (char *)only };
+
+	return p;
+}
+
+static void shaped(const struct policy *p, const char *target, const char *body,
+		   char hex[2 * FP_LEN + 1], bool *fallback)
+{
+	uint8_t fp[FP_LEN];
+	bool fb = false;
+
+	if (fpshape_compute(p, "POST", target, body, strlen(body), fp, &fb) != 0) {
+		strcpy(hex, "error");
+		return;
+	}
+	fp_hex(fp, hex);
+	if (fallback != NULL)
+		*fallback = fb;
+}
+
+/* Do two requests fingerprint alike under p? */
+static bool same(const struct policy *p, const char *t1, const char *b1,
+		 const char *t2, const char *b2)
+{
+	char x[2 * FP_LEN + 1], y[2 * FP_LEN + 1];
+
+	shaped(p, t1, b1, x, NULL);
+	shaped(p, t2, b2, y, NULL);
+	return strcmp(x, "error") != 0 && strcmp(x, y) == 0;
+}
+
+static void test_shaped_vectors(void)
+{
+	struct policy def = shape(FP_BODY_RAW, FP_QUERY_EXACT, NULL, NULL);
+	struct policy js = shape(FP_BODY_JSON, FP_QUERY_SORTED, NULL, NULL);
+	struct policy ali = shape(FP_BODY_FORM, FP_QUERY_EXACT,
+				  "notify_time,notify_id,sign,sign_type", NULL);
+	char hex[2 * FP_LEN + 1];
+
+	shaped(&def, "/orders?x=1", "{\"item\":42}", hex, NULL);
+	is_str(hex, "6eaaefde9ff81f3a571323aba830e64a5835d9f1d4a4518058d3556f88873e25",
+	       "the default shaping is fp_compute's: docs/protocol.md vector 1");
+	/* docs/protocol.md "Shaped fingerprints", from Python's hashlib */
+	shaped(&js, "/orders?b=2&a=1", "{ \"b\": 2, \"a\": 1.0 }", hex, NULL);
+	is_str(hex, "4131c3ddbf635abab641339722e57465a199359d3115b8c01653b68e6afe14ce",
+	       "shaped vector 1: json, sorted query");
+	shaped(&ali, "/alipay/notify", "notify_time=2026-12-05+10%3A00%3A00&"
+	       "total_amount=9.90&sign_type=RSA2&out_trade_no=T1&sign=abc%2B%3D&"
+	       "notify_id=n1", hex, NULL);
+	is_str(hex, "09730dd3b999f2c20dedaa08e45e86c26085afc5d713d43493a22f3b6a9255a2",
+	       "shaped vector 2: an Alipay notification, form, ignore");
+}
+
+static void test_shaped_json(void)
+{
+	struct policy js = shape(FP_BODY_JSON, FP_QUERY_EXACT, NULL, NULL);
+	struct policy ig = shape(FP_BODY_JSON, FP_QUERY_EXACT,
+				 "/sent_at,/meta/nonce,/items/0/tmp,/a~1b", NULL);
+	struct policy only = shape(FP_BODY_JSON, FP_QUERY_EXACT, NULL,
+				   "/amount,/currency");
+	char hex[2 * FP_LEN + 1];
+	bool fb;
+
+	ok(same(&js, "/o", "{\"a\":1,\"b\":[1,2]}", "/o",
+		"{ \"b\" : [1, 2.0], \"a\" : 1 }"),
+	   "json: member order, spacing and number spelling do not count");
+	ok(!same(&js, "/o", "{\"a\":1,\"b\":[1,2]}", "/o", "{\"a\":1,\"b\":[2,1]}"),
+	   "json: array order counts");
+	ok(!same(&js, "/o", "{\"a\":1}", "/o", "{\"a\":\"1\"}"),
+	   "json: 1 and \"1\" differ");
+	ok(!same(&js, "/o?x=1", "{}", "/o?x=2", "{}"),
+	   "json: the target still counts");
+	ok(same(&ig, "/o", "{\"amount\":5,\"sent_at\":1,\"meta\":{\"nonce\":\"a\",\"k\":1}}",
+		"/o", "{\"meta\":{\"k\":1,\"nonce\":\"b\"},\"amount\":5,\"sent_at\":2}"),
+	   "json ignore: /sent_at and /meta/nonce left out");
+	ok(same(&ig, "/o", "{\"amount\":5}", "/o", "{\"amount\":5,\"sent_at\":9}"),
+	   "json ignore: a missing member is the same as an ignored one");
+	ok(!same(&ig, "/o", "{\"amount\":5,\"sent_at\":1}", "/o",
+		 "{\"amount\":6,\"sent_at\":1}"),
+	   "json ignore: a changed amount still counts");
+	ok(!same(&ig, "/o", "{\"meta\":{\"k\":1}}", "/o", "{\"meta\":{\"k\":2}}"),
+	   "json ignore: a sibling of an ignored member still counts");
+	ok(same(&ig, "/o", "{\"items\":[{\"tmp\":1,\"n\":2}],\"a/b\":1}", "/o",
+		"{\"items\":[{\"tmp\":7,\"n\":2}],\"a/b\":2}"),
+	   "json ignore: array elements and ~1 escapes");
+	ok(same(&only, "/o", "{\"amount\":5,\"currency\":\"EUR\",\"note\":\"x\"}", "/o",
+		"{\"note\":\"y\",\"currency\":\"EUR\",\"amount\":5.0}"),
+	   "json only: other members do not count");
+	ok(!same(&only, "/o", "{\"amount\":5,\"currency\":\"EUR\"}", "/o",
+		 "{\"amount\":5,\"currency\":\"USD\"}"),
+	   "json only: a listed member counts");
+	ok(!same(&only, "/o", "{\"amount\":5}", "/o", "{\"amount\":5,\"currency\":null}"),
+	   "json only: missing and null differ");
+	ok(!same(&only, "/o", "{\"amount\":{\"v\":1}}", "/o", "{\"amount\":{\"v\":2}}"),
+	   "json only: the whole value under a pointer counts");
+	shaped(&js, "/o", "{not json", hex, &fb);
+	ok(fb, "json: a body that is not JSON falls back to its bytes");
+	ok(!same(&js, "/o", "{not json", "/o", "{not  json"),
+	   "json fallback: different bytes differ");
+	ok(same(&js, "/o", "{not json", "/o", "{not json"),
+	   "json fallback: the same bytes are the same request");
+	ok(!same(&js, "/o", "{\"a\":1,\"a\":2}", "/o", "{\"a\":2}"),
+	   "json: a member named twice falls back, never matches its last value");
+	shaped(&js, "/o", "{\"a\":1}", hex, &fb);
+	ok(!fb, "json: valid JSON is no fallback");
+}
+
+static void test_shaped_form_query(void)
+{
+	struct policy form = shape(FP_BODY_FORM, FP_QUERY_EXACT, NULL, NULL);
+	struct policy only = shape(FP_BODY_FORM, FP_QUERY_EXACT, NULL, "out_trade_no,total_amount");
+	struct policy sorted = shape(FP_BODY_RAW, FP_QUERY_SORTED, NULL, NULL);
+	struct policy noq = shape(FP_BODY_RAW, FP_QUERY_IGNORE, NULL, NULL);
+	char hex[2 * FP_LEN + 1];
+	bool fb;
+
+	ok(same(&form, "/p", "a=1&b=x+y&c=%41", "/p", "c=A&a=1&&b=x%20y"),
+	   "form: fields sorted and decoded, empty pieces skipped");
+	ok(!same(&form, "/p", "a=1&a=2", "/p", "a=2&a=1"),
+	   "form: a repeated field keeps its order");
+	ok(!same(&form, "/p", "a=1", "/p", "a=2"), "form: values count");
+	ok(!same(&form, "/p", "a=1&b=2", "/p", "a=1&b=2&c=3"), "form: fields count");
+	ok(same(&form, "/p", "a", "/p", "a="), "form: a field without '=' is empty");
+	ok(!same(&form, "/p", "a=b%3Dc", "/p", "a%3Db=c"),
+	   "form: an encoded '=' stays in its name or value");
+	ok(same(&only, "/p", "out_trade_no=T1&total_amount=1&sign=x", "/p",
+		"sign=y&total_amount=1&out_trade_no=T1&notify_time=z"),
+	   "form only: other fields do not count");
+	shaped(&form, "/p", "a=%zz", hex, &fb);
+	ok(fb, "form: a malformed escape falls back to the bytes");
+	ok(same(&sorted, "/p?b=2&a=1&a=0", "", "/p?a=1&a=0&b=%32", ""),
+	   "query sorted: order of names and encoding do not count");
+	ok(!same(&sorted, "/p?a=1&a=0", "", "/p?a=0&a=1", ""),
+	   "query sorted: a repeated parameter keeps its order");
+	ok(!same(&sorted, "/p?a=1", "", "/q?a=1", ""), "query sorted: the path counts");
+	ok(same(&sorted, "/p?a=%7e+", "", "/p?a=~%20", ""),
+	   "query sorted: ~ and + decoded and encoded alike");
+	ok(!same(&sorted, "/p?a=%zz", "", "/p?a=%ZZ", ""),
+	   "query sorted: a malformed query counts as sent");
+	ok(same(&noq, "/p?x=1", "b", "/p", "b"), "query ignore: the query does not count");
+	ok(!same(&noq, "/p?x=1", "b", "/p", "c"), "query ignore: the body counts");
+}
+
+static void test_shaped_domains(void)
+{
+	struct policy def = shape(FP_BODY_RAW, FP_QUERY_EXACT, NULL, NULL);
+	struct policy js = shape(FP_BODY_JSON, FP_QUERY_EXACT, NULL, NULL);
+	struct policy form = shape(FP_BODY_FORM, FP_QUERY_EXACT, NULL, NULL);
+	struct policy js_ig = shape(FP_BODY_JSON, FP_QUERY_EXACT, "/x", NULL);
+	struct policy js_ig2 = shape(FP_BODY_JSON, FP_QUERY_EXACT, "/y", NULL);
+	struct policy raw_sorted = shape(FP_BODY_RAW, FP_QUERY_SORTED, NULL, NULL);
+	const struct policy *all[] = { &def, &js, &form, &js_ig, &js_ig2, &raw_sorted };
+	char hex[6][2 * FP_LEN + 1];
+	int clash = 0;
+
+	/* a request that every shaping leaves as it is */
+	for (int i = 0; i < 6; i++)
+		shaped(all[i], "/p", "not json, not a form %", hex[i], NULL);
+	for (int i = 0; i < 6; i++)
+		for (int j = i + 1; j < 6; j++)
+			clash += strcmp(hex[i], hex[j]) == 0;
+	is_int(clash, 0, "each shaping has its own fingerprints, even for "
+	       "bytes none of them changes");
+}
+
+static void test_shaped_settings(void)
+{
+	struct policy p = shape(FP_BODY_RAW, FP_QUERY_EXACT, "/a", NULL);
+	char why[256], *list = NULL;
+
+	ok(fpshape_check(&p, why, sizeof(why)) < 0 && strstr(why, "json or form"),
+	   "a list needs json or form: %s", why);
+	p = shape(FP_BODY_JSON, FP_QUERY_EXACT, "/a", "/b");
+	ok(fpshape_check(&p, why, sizeof(why)) < 0 && strstr(why, "exclude"),
+	   "ignore and only together: %s", why);
+	p = shape(FP_BODY_JSON, FP_QUERY_EXACT, "/a,b", NULL);
+	ok(fpshape_check(&p, why, sizeof(why)) < 0 && strstr(why, "\"b\""),
+	   "json items are pointers: %s", why);
+	p = shape(FP_BODY_JSON, FP_QUERY_EXACT, "/a~2", NULL);
+	ok(fpshape_check(&p, why, sizeof(why)) < 0, "~ only before 0 or 1");
+	p = shape(FP_BODY_JSON, FP_QUERY_EXACT, "/", NULL);
+	ok(fpshape_check(&p, why, sizeof(why)) < 0, "not the whole body");
+	p = shape(FP_BODY_FORM, FP_QUERY_EXACT, "sign,sign_type", NULL);
+	ok(fpshape_check(&p, why, sizeof(why)) == 0, "form items are names");
+	ok(fpshape_list(" /a , /b~1c,/d ", &list, why, sizeof(why)) == 0 &&
+	   strcmp(list, "/a,/b~1c,/d") == 0, "a list without its blanks");
+	ok(fpshape_list("/a,,/b", &list, why, sizeof(why)) < 0 &&
+	   strcmp(list, "/a,/b~1c,/d") == 0, "an empty item: %s (list kept)", why);
+	free(list);
+}
+
 int main(void)
 {
 	test_vectors();
 	test_distinct();
 	test_pieces();
 	test_hex();
+	test_shaped_vectors();
+	test_shaped_json();
+	test_shaped_form_query();
+	test_shaped_domains();
+	test_shaped_settings();
 	return tap_done();
 }
