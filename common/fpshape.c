@@ -301,6 +301,8 @@ static int json_remove(struct json_object *root, const char *pointer, size_t n)
 	if (parent == NULL)
 		return -1;
 	token = strrchr(parent, '/');
+	if (token == NULL)
+		goto out;		/* not a pointer: fpshape_check() */
 	*token++ = '\0';
 	for (const char *r = w = token; *r != '\0'; r++)	/* ~1 '/', ~0 '~' */
 		*w++ = r[0] == '~' ? (*++r == '1' ? '/' : '~') : *r;

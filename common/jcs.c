@@ -1,11 +1,14 @@
 /*
  * jcs.c - see jcs.h.
  *
- * json-c parses (strictly, UTF-8 checked). What json-c would hide is
- * looked for in the text first (scan()): a lone surrogate or \u0000 escape
- * (json-c turns the one into U+FFFD and cuts member names at the other)
- * and the number of members of every object, which a member named twice
- * makes larger than what json-c keeps (the last value).
+ * json-c parses (strictly, UTF-8 checked). What json-c would hide is read
+ * from the text itself (scan()): a lone surrogate or \u0000 escape (json-c
+ * turns the one into U+FFFD and cuts member names at the other), the
+ * number of members of every object, which a member named twice makes
+ * larger than what json-c keeps (the last value), and every number as
+ * strtod() reads its text - json-c clamps integers beyond 64 bits, JCS
+ * wants the nearest double. adopt() then checks the tree against the
+ * text and puts those doubles in it.
  */
 #include "jcs.h"
 
@@ -21,24 +24,32 @@
 
 #include "hex.h"
 
-/* The members of each object of a text, objects in the order they open. */
-struct counts {
-	uint32_t *n;
-	size_t len, cap;
+/* What the text says, in the order it says it. */
+struct text {
+	uint32_t *members;	/* of each object, in the order they open */
+	size_t nobj, capobj;
+	double *numbers;	/* each number, strtod()'s */
+	size_t nnum, capnum;
 };
 
-static int counts_push(struct counts *c)
+static void text_free(struct text *t)
 {
-	if (c->len == c->cap) {
-		size_t cap = c->cap ? 2 * c->cap : 16;
-		uint32_t *n = realloc(c->n, cap * sizeof(*n));
+	free(t->members);
+	free(t->numbers);
+}
 
-		if (n == NULL)
-			return -1;
-		c->n = n;
-		c->cap = cap;
-	}
-	c->n[c->len++] = 0;
+/* Room for one more of an array of *n elements of size sz. */
+static int grow(void **p, size_t *n, size_t *cap, size_t sz)
+{
+	void *q;
+
+	if (*n < *cap)
+		return 0;
+	q = realloc(*p, (*cap ? 2 * *cap : 16) * sz);
+	if (q == NULL)
+		return -1;
+	*p = q;
+	*cap = *cap ? 2 * *cap : 16;
 	return 0;
 }
 
@@ -60,12 +71,38 @@ static long escape_unit(const char *s, size_t left)
 	return u;
 }
 
+/* Past the escapes of a string at s[*i] (after the backslash): -1 for one
+ * JCS has no form for. */
+static int escape(const char *s, size_t len, size_t *i)
+{
+	long u, lo;
+
+	if (s[*i] != 'u')
+		return 0;
+	u = escape_unit(s + *i + 1, len - *i - 1);
+	if (u <= 0)
+		return -1;			/* \u0000 */
+	*i += 4;
+	if (u >= 0xdc00 && u <= 0xdfff)
+		return -1;			/* a lone low surrogate */
+	if (u < 0xd800 || u > 0xdbff)
+		return 0;
+	if (*i + 2 >= len || s[*i + 1] != '\\' || s[*i + 2] != 'u')
+		return -1;			/* a lone high one */
+	lo = escape_unit(s + *i + 3, len - *i - 3);
+	if (lo < 0xdc00 || lo > 0xdfff)
+		return -1;
+	*i += 6;
+	return 0;
+}
+
 /*
  * Walk the text of JSON that json-c accepted: refuse the escapes JCS has
- * no form for, and count every object's members (one ':' each, outside
- * strings). -1 on those escapes or when out of memory.
+ * no form for, count every object's members (one ':' each, outside
+ * strings), read every number. -1 on those escapes, a number beyond a
+ * double, or when out of memory.
  */
-static int scan(const char *s, size_t len, struct counts *c)
+static int scan(const char *s, size_t len, struct text *t)
 {
 	/* the object each open bracket is, or SIZE_MAX for an array */
 	size_t open[JCS_DEPTH_MAX + 1];
@@ -73,30 +110,14 @@ static int scan(const char *s, size_t len, struct counts *c)
 	bool in_string = false;
 
 	for (size_t i = 0; i < len; i++) {
-		if (in_string) {
-			long u, lo;
+		char num[512];
+		size_t n;
 
-			if (s[i] == '"') {
+		if (in_string) {
+			if (s[i] == '"')
 				in_string = false;
-			} else if (s[i] == '\\' && i + 1 < len) {
-				if (s[++i] != 'u')
-					continue;
-				u = escape_unit(s + i + 1, len - i - 1);
-				if (u <= 0)
-					return -1;		/* \u0000 */
-				i += 4;
-				if (u >= 0xdc00 && u <= 0xdfff)
-					return -1;		/* lone low */
-				if (u < 0xd800 || u > 0xdbff)
-					continue;
-				if (i + 2 >= len || s[i + 1] != '\\' ||
-				    s[i + 2] != 'u')
-					return -1;		/* lone high */
-				lo = escape_unit(s + i + 3, len - i - 3);
-				if (lo < 0xdc00 || lo > 0xdfff)
-					return -1;
-				i += 6;
-			}
+			else if (s[i] == '\\' && ++i < len && escape(s, len, &i) < 0)
+				return -1;
 			continue;
 		}
 		switch (s[i]) {
@@ -111,9 +132,11 @@ static int scan(const char *s, size_t len, struct counts *c)
 				open[depth++] = SIZE_MAX;
 				break;
 			}
-			if (counts_push(c) < 0)
+			if (grow((void **)&t->members, &t->nobj, &t->capobj,
+				 sizeof(*t->members)) < 0)
 				return -1;
-			open[depth++] = c->len - 1;
+			t->members[t->nobj] = 0;
+			open[depth++] = t->nobj++;
 			break;
 		case '}':
 		case ']':
@@ -122,7 +145,25 @@ static int scan(const char *s, size_t len, struct counts *c)
 			break;
 		case ':':
 			if (depth > 0 && open[depth - 1] != SIZE_MAX)
-				c->n[open[depth - 1]]++;
+				t->members[open[depth - 1]]++;
+			break;
+		case '-':
+		case '0': case '1': case '2': case '3': case '4':
+		case '5': case '6': case '7': case '8': case '9':
+			for (n = 1; i + n < len &&
+				    strchr("0123456789+-.eE", s[i + n]) != NULL &&
+				    s[i + n] != '\0'; n++)
+				;
+			if (n >= sizeof(num) ||
+			    grow((void **)&t->numbers, &t->nnum, &t->capnum,
+				 sizeof(*t->numbers)) < 0)
+				return -1;
+			memcpy(num, s + i, n);
+			num[n] = '\0';
+			t->numbers[t->nnum] = strtod(num, NULL);
+			if (!isfinite(t->numbers[t->nnum++]))
+				return -1;		/* 1e400 */
+			i += n - 1;
 			break;
 		default:
 			break;
@@ -131,45 +172,55 @@ static int scan(const char *s, size_t len, struct counts *c)
 	return 0;
 }
 
-/* An integer json-c holds exactly: not one it clamped to its range. */
-static bool int_exact(const struct json_object *v)
+/* The next number of the text as a json-c double, or NULL. */
+static struct json_object *next_number(const struct text *t, size_t *num)
 {
-	int64_t i = json_object_get_int64(v);
-
-	if (i < 0)
-		return i != INT64_MIN;
-	return json_object_get_uint64(v) != UINT64_MAX;
+	if (*num >= t->nnum)
+		return NULL;
+	return json_object_new_double(t->numbers[(*num)++]);
 }
 
 /*
- * Does the tree json-c made hold what the text says: each object as many
- * members as the text wrote (no name twice), each number finite and exact?
- * *next walks c in the same order as scan() filled it.
+ * Does the tree json-c made of v hold what the text says, each object as
+ * many members as the text wrote (no name twice)? Its numbers are replaced
+ * by the text's. *obj and *num walk t in the order scan() filled it.
  */
-static bool faithful(struct json_object *v, const struct counts *c,
-		     size_t *next)
+static bool adopt(struct json_object *v, const struct text *t, size_t *obj,
+		  size_t *num)
 {
+	struct json_object *d;
+
 	switch (json_object_get_type(v)) {
-	case json_type_object: {
-		if (*next >= c->len ||
-		    (size_t)json_object_object_length(v) != c->n[(*next)++])
+	case json_type_object:
+		if (*obj >= t->nobj ||
+		    (size_t)json_object_object_length(v) != t->members[(*obj)++])
 			return false;
 		json_object_object_foreach(v, name, member) {
-			(void)name;
-			if (!faithful(member, c, next))
+			if (json_object_is_type(member, json_type_int) ||
+			    json_object_is_type(member, json_type_double)) {
+				/* replaces the value in place, no relinking */
+				if ((d = next_number(t, num)) == NULL ||
+				    json_object_object_add(v, name, d) < 0)
+					return false;
+			} else if (!adopt(member, t, obj, num)) {
 				return false;
+			}
 		}
 		return true;
-	}
 	case json_type_array:
-		for (size_t i = 0; i < json_object_array_length(v); i++)
-			if (!faithful(json_object_array_get_idx(v, i), c, next))
+		for (size_t i = 0; i < json_object_array_length(v); i++) {
+			struct json_object *e = json_object_array_get_idx(v, i);
+
+			if (json_object_is_type(e, json_type_int) ||
+			    json_object_is_type(e, json_type_double)) {
+				if ((d = next_number(t, num)) == NULL ||
+				    json_object_array_put_idx(v, i, d) < 0)
+					return false;
+			} else if (!adopt(e, t, obj, num)) {
 				return false;
+			}
+		}
 		return true;
-	case json_type_int:
-		return int_exact(v);
-	case json_type_double:
-		return isfinite(json_object_get_double(v));
 	default:
 		return true;
 	}
@@ -179,8 +230,8 @@ struct json_object *jcs_parse(const char *body, size_t len)
 {
 	struct json_tokener *tok;
 	struct json_object *root;
-	struct counts c = { 0 };
-	size_t next = 0;
+	struct text t = { 0 };
+	size_t obj = 0, num = 0;
 	bool ok;
 
 	if (len > INT32_MAX || (tok = json_tokener_new_ex(JCS_DEPTH_MAX)) == NULL)
@@ -195,10 +246,18 @@ struct json_object *jcs_parse(const char *body, size_t len)
 		goto fail;		/* trailing bytes */
 	if (root == NULL || json_tokener_get_error(tok) != json_tokener_success)
 		goto fail;
-	ok = scan(body, len, &c) == 0 && faithful(root, &c, &next) &&
-	     next == c.len;
-	free(c.n);
 	json_tokener_free(tok);
+	ok = scan(body, len, &t) == 0;
+	if (ok && (json_object_is_type(root, json_type_int) ||
+		   json_object_is_type(root, json_type_double))) {
+		json_object_put(root);
+		root = next_number(&t, &num);
+		ok = root != NULL;
+	} else if (ok) {
+		ok = adopt(root, &t, &obj, &num);
+	}
+	ok = ok && obj == t.nobj && num == t.nnum;
+	text_free(&t);
 	if (!ok) {
 		json_object_put(root);
 		return NULL;
@@ -414,14 +473,9 @@ static int write_value(struct evbuffer *out, const struct json_object *cv)
 	case json_type_boolean:
 		return json_object_get_boolean(v) ? evbuffer_add(out, "true", 4) :
 						    evbuffer_add(out, "false", 5);
-	case json_type_int:
-		d = json_object_get_int64(v) < 0 ?
-		    (double)json_object_get_int64(v) :
-		    (double)json_object_get_uint64(v);
-		goto number;
+	case json_type_int:	/* not from jcs_parse(), which makes doubles */
 	case json_type_double:
 		d = json_object_get_double(v);
-number:
 		if (jcs_number(d, num) < 0)
 			return -1;
 		return evbuffer_add(out, num, strlen(num));

@@ -277,6 +277,29 @@ def setting_seeds():
     return seeds
 
 
+def jcs_seeds():
+    """A selector byte (fuzz_jcs.c: the shaping), then a body: RFC 8785's
+    examples, the unit tests' edge cases, payment notifications."""
+    bodies = [
+        b'{"numbers":[333333333.33333329,1E30,4.50,2e-3,0.000000000000000000000000001],'
+        b'"string":"\\u20ac$\\u000F\\u000aA\'\\u0042\\u0022\\u005c\\\\\\"\\/",'
+        b'"literals":[null,true,false]}',
+        b'{"\\u20ac":1,"\\r":2,"\\ufb33":3,"1":4,"\\ud83d\\ude00":5,"\\u0080":6,"\\u00f6":7}',
+        b'{"a":1,"a":2}', b'"\\ud800"', b'"\\ud83d\\ude00"', b'[18446744073709551616]',
+        b'[1e400, -0, -0.0, 5e-324, 1.7976931348623157e308, 9007199254740993]',
+        b'{"amount":100,"currency":"EUR","sent_at":"10:00","meta":{"nonce":"x"},'
+        b'"b":[{"c/d":1,"e~":2}]}',
+        b'{"x":{"y":{"z":[0,1,{"a":null}]}}}', b'42', b' [ ] ', b'{}',
+        b'notify_time=2026-12-05+10%3A00%3A00&out_trade_no=T1&sign=abc%2B%3D&a=1&a=2',
+        b'a=%zz&b', b'&&a=&=b&',
+    ]
+    seeds = {}
+    for i, body in enumerate(bodies):
+        for sel in (0x00, 0x01, 0x02, 0x04, 0x81, 0xc2, 0x91, 0xa5):
+            seeds[f"body{i:02d}-{sel:02x}"] = bytes([sel]) + body
+    return seeds
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -297,6 +320,7 @@ def main():
     write("verify", verify_seeds())
     write("config", config_seeds())
     write("setting", setting_seeds())
+    write("jcs", jcs_seeds())
 
 
 if __name__ == "__main__":
