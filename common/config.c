@@ -80,8 +80,15 @@ static const struct setting_word log_format_words[] = {
 	{ NULL, 0 },
 };
 
-_Static_assert(sizeof(enum log_format) == sizeof(int),
-	       "log_format is set as a word");
+static const struct setting_word tls_client_cert_words[] = {
+	{ "optional", TLS_CLIENT_CERT_OPTIONAL },
+	{ "required", TLS_CLIENT_CERT_REQUIRED },
+	{ NULL, 0 },
+};
+
+_Static_assert(sizeof(enum log_format) == sizeof(int) &&
+	       sizeof(enum tls_client_cert) == sizeof(int),
+	       "log_format and tls_client_cert are set as words");
 
 #define F(field) offsetof(struct config, field)
 #define KIB 1024ULL
@@ -248,6 +255,16 @@ static const struct config_opt options[] = {
 	  .defdoc = "OpenSSL's default", .metavar = "LIST",
 	  .help = "OpenSSL cipher list for TLS 1.2 clients (TLS 1.3 suites "
 		  "are OpenSSL's)" },
+	{ .name = "tls-client-ca", .syn = SYNTAX_STRING, .off = F(tls_client_ca),
+	  .defdoc = "off", .metavar = "FILE",
+	  .help = "PEM CA certificates that client certificates are verified "
+		  "against (mutual TLS; routes may scope by tls:subject or "
+		  "tls:san); re-read on SIGHUP" },
+	{ .name = "tls-client-cert", .syn = SYNTAX_WORDS(tls_client_cert_words),
+	  .off = F(tls_client_cert), .def = "optional",
+	  .metavar = "optional|required",
+	  .help = "with --tls-client-ca: a client may connect without a "
+		  "certificate (tls: routes answer it 401), or must show one" },
 	{ .name = "upstream-ca", .syn = SYNTAX_STRING, .off = F(upstream_ca),
 	  .defdoc = "the system store", .metavar = "FILE", .flags = OPT_RESTART,
 	  .help = "PEM CA certificates an https upstream is verified against" },
@@ -387,6 +404,7 @@ static int build_routing(struct config *c, const struct route_raw *raw,
 		.key_header = c->key_header,
 		.upstream_timeout_ms = c->upstream_timeout_ms,
 		.methods_mask = c->methods_mask,
+		.client_certs = c->tls_client_ca != NULL,
 		.option = route_option,
 		.opts = c,
 	};
@@ -919,6 +937,12 @@ static int cross_check(const struct config *c, char *err, size_t errlen)
 	if (c->tls_ciphers != NULL && c->tls_cert == NULL) {
 		snprintf(err, errlen, "--tls-ciphers needs --tls-cert and "
 			 "--tls-key");
+		return -1;
+	}
+	if (c->tls_client_ca != NULL && c->tls_cert == NULL) {
+		snprintf(err, errlen, "--tls-client-ca needs --tls-cert and "
+			 "--tls-key: client certificates are asked for in the "
+			 "listener's TLS handshake");
 		return -1;
 	}
 	if ((c->upstream_client_cert == NULL) != (c->upstream_client_key == NULL)) {

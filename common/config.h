@@ -31,6 +31,12 @@ enum config_action {
 	CONFIG_CHECK,		/* --check-config FILE: print settings, exit 0 */
 };
 
+/* --tls-client-cert */
+enum tls_client_cert {
+	TLS_CLIENT_CERT_OPTIONAL,	/* a client may show none (tls: routes: 401) */
+	TLS_CLIENT_CERT_REQUIRED,	/* the handshake fails without one */
+};
+
 struct config {
 	atomic_int refcount;
 
@@ -87,6 +93,8 @@ struct config {
 	char *tls_key;
 	char *admin_token_file;		/* NULL: mutating /keys off */
 	char *tls_ciphers;		/* TLS 1.2 cipher list; NULL: OpenSSL's */
+	char *tls_client_ca;		/* verify client certificates; NULL: no */
+	enum tls_client_cert tls_client_cert;	/* ... and whether one is a must */
 	char *upstream_ca;		/* PEM CAs; NULL: the system store */
 	char *upstream_client_cert;	/* mutual TLS with the upstream */
 	char *upstream_client_key;

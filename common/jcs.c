@@ -1,14 +1,13 @@
 /*
  * jcs.c - see jcs.h.
  *
- * json-c parses (strictly, UTF-8 checked). What json-c would hide is read
- * from the text itself (scan()): a lone surrogate or \u0000 escape (json-c
- * turns the one into U+FFFD and cuts member names at the other), the
- * number of members of every object, which a member named twice makes
- * larger than what json-c keeps (the last value), and every number as
- * strtod() reads its text - json-c clamps integers beyond 64 bits, JCS
- * wants the nearest double. adopt() then checks the tree against the
- * text and puts those doubles in it.
+ * json-c parses (strictly, UTF-8 checked); what it would let through or
+ * hide is read from the text itself (jsontext.h): the number of members
+ * of every object, which a member named twice makes larger than what
+ * json-c keeps (the last value), and every number as strtod() reads its
+ * text - json-c clamps integers beyond 64 bits, JCS wants the nearest
+ * double. adopt() holds the tree against the text and puts those doubles
+ * in it.
  */
 #include "jcs.h"
 
@@ -22,158 +21,10 @@
 #include <event2/buffer.h>
 #include <json-c/json.h>
 
-#include "hex.h"
-
-/* What the text says, in the order it says it. */
-struct text {
-	uint32_t *members;	/* of each object, in the order they open */
-	size_t nobj, capobj;
-	double *numbers;	/* each number, strtod()'s */
-	size_t nnum, capnum;
-};
-
-static void text_free(struct text *t)
-{
-	free(t->members);
-	free(t->numbers);
-}
-
-/* Room for one more of an array of *n elements of size sz. */
-static int grow(void **p, size_t *n, size_t *cap, size_t sz)
-{
-	void *q;
-
-	if (*n < *cap)
-		return 0;
-	q = realloc(*p, (*cap ? 2 * *cap : 16) * sz);
-	if (q == NULL)
-		return -1;
-	*p = q;
-	*cap = *cap ? 2 * *cap : 16;
-	return 0;
-}
-
-/* The code unit of a \uXXXX escape at s (after the backslash and 'u'), or
- * -1 when there are not four hex digits. */
-static long escape_unit(const char *s, size_t left)
-{
-	long u = 0;
-
-	if (left < 4)
-		return -1;
-	for (int i = 0; i < 4; i++) {
-		int d = hex_digit(s[i]);
-
-		if (d < 0)
-			return -1;
-		u = u << 4 | d;
-	}
-	return u;
-}
-
-/* Past the escapes of a string at s[*i] (after the backslash): -1 for one
- * JCS has no form for. */
-static int escape(const char *s, size_t len, size_t *i)
-{
-	long u, lo;
-
-	if (s[*i] != 'u')
-		return 0;
-	u = escape_unit(s + *i + 1, len - *i - 1);
-	if (u <= 0)
-		return -1;			/* \u0000 */
-	*i += 4;
-	if (u >= 0xdc00 && u <= 0xdfff)
-		return -1;			/* a lone low surrogate */
-	if (u < 0xd800 || u > 0xdbff)
-		return 0;
-	if (*i + 2 >= len || s[*i + 1] != '\\' || s[*i + 2] != 'u')
-		return -1;			/* a lone high one */
-	lo = escape_unit(s + *i + 3, len - *i - 3);
-	if (lo < 0xdc00 || lo > 0xdfff)
-		return -1;
-	*i += 6;
-	return 0;
-}
-
-/*
- * Walk the text of JSON that json-c accepted: refuse the escapes JCS has
- * no form for, count every object's members (one ':' each, outside
- * strings), read every number. -1 on those escapes, a number beyond a
- * double, or when out of memory.
- */
-static int scan(const char *s, size_t len, struct text *t)
-{
-	/* the object each open bracket is, or SIZE_MAX for an array */
-	size_t open[JCS_DEPTH_MAX + 1];
-	int depth = 0;
-	bool in_string = false;
-
-	for (size_t i = 0; i < len; i++) {
-		char num[512];
-		size_t n;
-
-		if (in_string) {
-			if (s[i] == '"')
-				in_string = false;
-			else if (s[i] == '\\' && ++i < len && escape(s, len, &i) < 0)
-				return -1;
-			continue;
-		}
-		switch (s[i]) {
-		case '"':
-			in_string = true;
-			break;
-		case '{':
-		case '[':
-			if (depth == JCS_DEPTH_MAX)
-				return -1;
-			if (s[i] == '[') {
-				open[depth++] = SIZE_MAX;
-				break;
-			}
-			if (grow((void **)&t->members, &t->nobj, &t->capobj,
-				 sizeof(*t->members)) < 0)
-				return -1;
-			t->members[t->nobj] = 0;
-			open[depth++] = t->nobj++;
-			break;
-		case '}':
-		case ']':
-			if (depth > 0)
-				depth--;
-			break;
-		case ':':
-			if (depth > 0 && open[depth - 1] != SIZE_MAX)
-				t->members[open[depth - 1]]++;
-			break;
-		case '-':
-		case '0': case '1': case '2': case '3': case '4':
-		case '5': case '6': case '7': case '8': case '9':
-			for (n = 1; i + n < len &&
-				    strchr("0123456789+-.eE", s[i + n]) != NULL &&
-				    s[i + n] != '\0'; n++)
-				;
-			if (n >= sizeof(num) ||
-			    grow((void **)&t->numbers, &t->nnum, &t->capnum,
-				 sizeof(*t->numbers)) < 0)
-				return -1;
-			memcpy(num, s + i, n);
-			num[n] = '\0';
-			t->numbers[t->nnum] = strtod(num, NULL);
-			if (!isfinite(t->numbers[t->nnum++]))
-				return -1;		/* 1e400 */
-			i += n - 1;
-			break;
-		default:
-			break;
-		}
-	}
-	return 0;
-}
+#include "jsontext.h"
 
 /* The next number of the text as a json-c double, or NULL. */
-static struct json_object *next_number(const struct text *t, size_t *num)
+static struct json_object *next_number(const struct jsontext *t, size_t *num)
 {
 	if (*num >= t->nnum)
 		return NULL;
@@ -183,9 +34,10 @@ static struct json_object *next_number(const struct text *t, size_t *num)
 /*
  * Does the tree json-c made of v hold what the text says, each object as
  * many members as the text wrote (no name twice)? Its numbers are replaced
- * by the text's. *obj and *num walk t in the order scan() filled it.
+ * by the text's. *obj and *num walk t in the order jsontext_scan() filled
+ * it.
  */
-static bool adopt(struct json_object *v, const struct text *t, size_t *obj,
+static bool adopt(struct json_object *v, const struct jsontext *t, size_t *obj,
 		  size_t *num)
 {
 	struct json_object *d;
@@ -230,7 +82,7 @@ struct json_object *jcs_parse(const char *body, size_t len)
 {
 	struct json_tokener *tok;
 	struct json_object *root;
-	struct text t = { 0 };
+	struct jsontext t;
 	size_t obj = 0, num = 0;
 	bool ok;
 
@@ -247,7 +99,7 @@ struct json_object *jcs_parse(const char *body, size_t len)
 	if (root == NULL || json_tokener_get_error(tok) != json_tokener_success)
 		goto fail;
 	json_tokener_free(tok);
-	ok = scan(body, len, &t) == 0;
+	ok = jsontext_scan(body, len, JCS_DEPTH_MAX, &t) == 0;
 	if (ok && (json_object_is_type(root, json_type_int) ||
 		   json_object_is_type(root, json_type_double))) {
 		json_object_put(root);
@@ -257,7 +109,7 @@ struct json_object *jcs_parse(const char *body, size_t len)
 		ok = adopt(root, &t, &obj, &num);
 	}
 	ok = ok && obj == t.nobj && num == t.nnum;
-	text_free(&t);
+	jsontext_free(&t);
 	if (!ok) {
 		json_object_put(root);
 		return NULL;

@@ -24,6 +24,7 @@
 	X(STORE_UNAVAILABLE, "store_unavailable") \
 	X(FAIL_OPEN,         "fail_open") \
 	X(SIGNATURE_INVALID, "signature_invalid") \
+	X(IDENTITY_INVALID,  "identity_invalid") \
 	X(KEY_ISSUED,        "key_issued") \
 	X(BUSY,              "busy")
 

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jwt.h"
+
 const struct setting_word policy_in_flight_words[] = {
 	{ "wait", IN_FLIGHT_WAIT },
 	{ "reject", IN_FLIGHT_REJECT },
@@ -70,8 +72,13 @@ void policy_free(struct policy *p)
 {
 	free(p->key_name);
 	free(p->key_prefix);
-	free(p->scope_header);
+	free(p->scope_name);
 	free(p->verify_header);
+	free(p->jwt_keys_file);
+	free(p->jwt_issuer);
+	free(p->jwt_audience);
+	if (p->jwt_keys != NULL)
+		jwt_keys_free(p->jwt_keys);
 	free(p->fp_ignore);
 	free(p->fp_only);
 	secret_free(p);
@@ -88,7 +95,11 @@ int policy_copy(struct policy *dst, const struct policy *src)
 	*dst = *src;
 	dst->key_name = dup_or_null(src->key_name);
 	dst->key_prefix = dup_or_null(src->key_prefix);
-	dst->scope_header = dup_or_null(src->scope_header);
+	dst->scope_name = dup_or_null(src->scope_name);
+	dst->jwt_keys_file = dup_or_null(src->jwt_keys_file);
+	dst->jwt_keys = NULL;
+	dst->jwt_issuer = dup_or_null(src->jwt_issuer);
+	dst->jwt_audience = dup_or_null(src->jwt_audience);
 	dst->verify_header = dup_or_null(src->verify_header);
 	dst->fp_ignore = dup_or_null(src->fp_ignore);
 	dst->fp_only = dup_or_null(src->fp_only);
@@ -101,7 +112,10 @@ int policy_copy(struct policy *dst, const struct policy *src)
 	}
 	if ((src->key_name && !dst->key_name) ||
 	    (src->key_prefix && !dst->key_prefix) ||
-	    (src->scope_header && !dst->scope_header) ||
+	    (src->scope_name && !dst->scope_name) ||
+	    (src->jwt_keys_file && !dst->jwt_keys_file) ||
+	    (src->jwt_issuer && !dst->jwt_issuer) ||
+	    (src->jwt_audience && !dst->jwt_audience) ||
 	    (src->verify_header && !dst->verify_header) ||
 	    (src->fp_ignore && !dst->fp_ignore) ||
 	    (src->fp_only && !dst->fp_only) ||

@@ -48,6 +48,17 @@ enum verify_format {
 	VERIFY_STRIPE,		/* "t=<unix>,v1=<hex>[,v1=...]" over "<t>.<body>" */
 };
 
+/* Who is asking: the namespace of a route's keys (DESIGN.md §4). */
+enum scope_source {
+	SCOPE_NONE,		/* none: one namespace for the route */
+	SCOPE_HEADER,		/* header:NAME - that header's value */
+	SCOPE_JWT,		/* jwt:CLAIM - a claim of a verified bearer token */
+	SCOPE_TLS_SUBJECT,	/* tls:subject - the verified client certificate */
+	SCOPE_TLS_SAN,		/* tls:san - its first subject alternative name */
+};
+
+struct jwt_keys;
+
 /* What of the body a fingerprint covers (fpshape.h). */
 enum fp_body {
 	FP_BODY_RAW,		/* body: the bytes as received */
@@ -92,7 +103,8 @@ struct policy {
 	uint64_t max_cached_response;
 	enum store_down_mode store_down;
 	enum upstream_error_mode on_upstream_error;
-	char *scope_header;	/* NULL: the global scope */
+	enum scope_source scope;
+	char *scope_name;	/* the header's name or the claim's; else NULL */
 	enum verify_format verify;
 	char *verify_header;
 	char *verify_secret;	/* read from verify_secret_env at load */
@@ -106,10 +118,24 @@ struct policy {
 	 * comma between items and no blanks (fpshape_list()); NULL: unset */
 	char *fp_ignore;
 	char *fp_only;
+	/* scope = jwt:CLAIM (jwt.h) */
+	char *jwt_keys_file;
+	struct jwt_keys *jwt_keys;	/* loaded by routes_build(); never copied */
+	unsigned jwt_algs;		/* allow-list, 1 << enum jwt_alg */
+	char *jwt_issuer;		/* NULL: not checked */
+	char *jwt_audience;		/* NULL: not checked */
+	uint64_t jwt_leeway_ms;		/* for exp and nbf */
 };
 
-/* A deep copy of src into dst. On -1 (out of memory) dst holds what was
- * copied so far, for policy_free(). */
+/* Are a route's keys namespaced per caller? */
+static inline bool policy_scoped(const struct policy *p)
+{
+	return p->scope != SCOPE_NONE;
+}
+
+/* A deep copy of src into dst, but for the loaded JWT keys (dst has none:
+ * routes_build() loads a route's own). On -1 (out of memory) dst holds
+ * what was copied so far, for policy_free(). */
 int policy_copy(struct policy *dst, const struct policy *src) MUSTCHECK;
 
 /* Replace the secret, the old one wiped. -1 when out of memory. */

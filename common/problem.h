@@ -15,6 +15,8 @@
 	X(MISSING_KEY,           400, "missing-idempotency-key",  "Idempotency-Key Required") \
 	X(INVALID_KEY,           400, "invalid-idempotency-key",  "Invalid Idempotency-Key") \
 	X(SIGNATURE_INVALID,     401, "signature-invalid",        "Signature Invalid") \
+	X(TOKEN_INVALID,         401, "invalid-token",            "Verified Bearer Token Required") \
+	X(CERT_REQUIRED,         401, "client-certificate-required", "Verified Client Certificate Required") \
 	X(REQUEST_TIMEOUT,       408, "request-timeout",          "Request Timeout") \
 	X(IN_PROGRESS,           409, "request-in-progress",      "Request In Progress") \
 	X(RESPONSE_NOT_STORED,   409, "response-not-stored",      "Response Not Stored") \

@@ -26,6 +26,7 @@
 
 #include "fpshape.h"
 #include "httphdr.h"
+#include "jwt.h"
 #include "setting.h"
 
 #define ROUTE_MAX_LINE_KEYS 64
@@ -327,27 +328,92 @@ static void print_key_prefix(const struct route *r, FILE *out)
 		fprintf(out, "key_prefix = %s\n", r->policy.key_prefix);
 }
 
+/* A JWT claim's name: what a config can spell, and a log can show. */
+static bool claim_name_ok(const char *s)
+{
+	if (*s == '\0' || strlen(s) > 64)
+		return false;
+	for (; *s != '\0'; s++)
+		if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') ||
+		      (*s >= '0' && *s <= '9') || strchr("_-.:", *s) != NULL))
+			return false;
+	return true;
+}
+
 static int set_scope(struct route *r, const char *v, char **envp, char *why,
 		     size_t len)
 {
-	const char *arg = after(v, "header:");
+	struct policy *p = &r->policy;
+	const char *arg = NULL;
+	enum scope_source src;
 
-	if (strcasecmp(v, "none") == 0) {
-		free(r->policy.scope_header);
-		r->policy.scope_header = NULL;
-		return 0;
-	}
-	if (arg == NULL || !is_token(arg)) {
-		snprintf(why, len, "expected header:NAME or none");
+	if (strcasecmp(v, "none") == 0)
+		src = SCOPE_NONE;
+	else if (strcasecmp(v, "tls:subject") == 0)
+		src = SCOPE_TLS_SUBJECT;
+	else if (strcasecmp(v, "tls:san") == 0)
+		src = SCOPE_TLS_SAN;
+	else if ((arg = after(v, "header:")) != NULL && is_token(arg))
+		src = SCOPE_HEADER;
+	else if ((arg = after(v, "jwt:")) != NULL && claim_name_ok(arg))
+		src = SCOPE_JWT;
+	else {
+		snprintf(why, len, "expected header:NAME, jwt:CLAIM (letters, "
+			 "digits, _-.:), tls:subject, tls:san or none");
 		return -1;
 	}
-	return setting_set_string(&r->policy.scope_header, arg, why, len);
+	free(p->scope_name);
+	p->scope_name = NULL;
+	p->scope = src;
+	return arg != NULL ? setting_set_string(&p->scope_name, arg, why, len) : 0;
 }
 
 static void print_scope(const struct route *r, FILE *out)
 {
-	fprintf(out, "scope = %s%s\n", r->policy.scope_header ? "header:" : "none",
-		r->policy.scope_header ? r->policy.scope_header : "");
+	static const char *const words[] = {
+		[SCOPE_NONE] = "none", [SCOPE_HEADER] = "header:",
+		[SCOPE_JWT] = "jwt:", [SCOPE_TLS_SUBJECT] = "tls:subject",
+		[SCOPE_TLS_SAN] = "tls:san",
+	};
+
+	fprintf(out, "scope = %s%s\n", words[r->policy.scope],
+		r->policy.scope_name ? r->policy.scope_name : "");
+}
+
+static int set_jwt_algs(struct route *r, const char *v, char **envp,
+			char *why, size_t len)
+{
+	return jwt_algs_parse(v, &r->policy.jwt_algs, why, len);
+}
+
+static void print_jwt_algs(const struct route *r, FILE *out)
+{
+	char buf[256];
+
+	jwt_algs_format(r->policy.jwt_algs, buf, sizeof(buf));
+	fprintf(out, "jwt_algorithms = %s\n", buf);
+}
+
+static void print_jwt_keys(const struct route *r, FILE *out)
+{
+	fprintf(out, "jwt_keys = %s (%d key%s)\n", r->policy.jwt_keys_file,
+		jwt_keys_count(r->policy.jwt_keys),
+		jwt_keys_count(r->policy.jwt_keys) == 1 ? "" : "s");
+}
+
+static void print_jwt_string(const char *name, const char *v, FILE *out)
+{
+	fprintf(out, "%s = %s\n", name, v != NULL ? v : "(not checked)");
+}
+
+static void print_jwt_issuer(const struct route *r, FILE *out)
+{
+	print_jwt_string("jwt_issuer", r->policy.jwt_issuer, out);
+}
+
+static void print_jwt_audience(const struct route *r, FILE *out)
+{
+	print_jwt_string("jwt_audience", r->policy.jwt_audience, out);
 }
 
 /* A list of fingerprint_ignore or _only. Setting one drops the other, as a
@@ -453,6 +519,7 @@ typedef void (*route_print_fn)(const struct route *r, FILE *out);
 #define KEY_FIRST	0x02	/* applied before the route's other keys */
 #define KEY_VERIFY	0x04	/* printed only when the route verifies */
 #define KEY_ISSUED	0x08	/* printed only with require_issued_key */
+#define KEY_JWT		0x10	/* printed only with scope = jwt:CLAIM */
 
 struct route_key {
 	const char *name;
@@ -507,7 +574,25 @@ static const struct route_key route_keys[] = {
 	{ .name = "fingerprint_query", .off = P(fp_query), .flags = KEY_OPTION,
 	  .help = "exact, sorted or ignore: what of the query string counts" },
 	{ .name = "scope", .set = set_scope, .print = print_scope,
-	  .help = "header:NAME namespaces keys by that header's value; none" },
+	  .help = "namespaces keys per caller: header:NAME, jwt:CLAIM, "
+		  "tls:subject, tls:san; none" },
+	{ .name = "jwt_keys", .off = P(jwt_keys_file), .syn = SYNTAX_STRING,
+	  .print = print_jwt_keys, .flags = KEY_JWT,
+	  .help = "JWKS or PEM public keys, or an HMAC secret, that sign "
+		  "bearer tokens; re-read on SIGHUP" },
+	{ .name = "jwt_algorithms", .set = set_jwt_algs, .print = print_jwt_algs,
+	  .flags = KEY_JWT,
+	  .help = "the signature algorithms accepted (never none); default: "
+		  "what the keys can verify" },
+	{ .name = "jwt_issuer", .off = P(jwt_issuer), .syn = SYNTAX_STRING,
+	  .print = print_jwt_issuer, .flags = KEY_JWT,
+	  .help = "the iss a token must carry" },
+	{ .name = "jwt_audience", .off = P(jwt_audience), .syn = SYNTAX_STRING,
+	  .print = print_jwt_audience, .flags = KEY_JWT,
+	  .help = "an aud a token must carry" },
+	{ .name = "jwt_leeway", .off = P(jwt_leeway_ms), .syn = SYNTAX_DURATION(0),
+	  .def = "60s", .flags = KEY_JWT,
+	  .help = "clock skew allowed for exp and nbf" },
 	{ .name = "verify", .set = set_verify, .print = print_verify,
 	  .flags = KEY_FIRST | KEY_VERIFY,
 	  .help = "hmac-sha256: the body must carry a valid signature; none" },
@@ -616,6 +701,54 @@ static bool has_key(const struct route_raw *raw, const char *key)
 	return false;
 }
 
+/*
+ * A route with scope = jwt:CLAIM loads its keys (and so re-reads them on
+ * every reload); the jwt_ keys elsewhere are an error, not silently unused.
+ */
+static int jwt_route(struct route *r, const struct route_raw *raw, char *err,
+		     size_t errlen)
+{
+	struct policy *p = &r->policy;
+	char why[512];
+	unsigned can;
+
+	if (p->scope != SCOPE_JWT) {
+		for (int i = 0; i < raw->n; i++)
+			if (strncmp(raw->lines[i].key, "jwt_", 4) == 0) {
+				snprintf(err, errlen, "%s:%d: route %s: %s needs "
+					 "scope = jwt:CLAIM", raw->file,
+					 raw->lines[i].line, raw->name,
+					 raw->lines[i].key);
+				return -1;
+			}
+		return 0;
+	}
+	if (p->jwt_keys_file == NULL) {
+		snprintf(err, errlen, "%s:%d: route %s: scope = jwt:%s needs "
+			 "jwt_keys (the keys that sign the tokens)", raw->file,
+			 raw->line, raw->name, p->scope_name);
+		return -1;
+	}
+	p->jwt_keys = jwt_keys_load(p->jwt_keys_file, why, sizeof(why));
+	if (p->jwt_keys == NULL) {
+		snprintf(err, errlen, "%s:%d: route %s: jwt_keys: %s", raw->file,
+			 raw->line, raw->name, why);
+		return -1;
+	}
+	can = jwt_keys_algs(p->jwt_keys);
+	if (p->jwt_algs == 0)
+		p->jwt_algs = can;
+	if ((p->jwt_algs & can) == 0) {
+		jwt_algs_format(can, why, sizeof(why));
+		snprintf(err, errlen, "%s:%d: route %s: jwt_algorithms: no key "
+			 "of %s verifies any of them (its keys verify %s)",
+			 raw->file, raw->line, raw->name, p->jwt_keys_file, why);
+		return -1;
+	}
+	p->jwt_algs &= can;	/* what --check-config shows is what counts */
+	return 0;
+}
+
 static int build_route(const struct route_table *t, struct route *r,
 		       const struct route_options *o,
 		       const struct route_raw *raw, char **envp, char *err,
@@ -643,6 +776,16 @@ static int build_route(const struct route_table *t, struct route *r,
 	if (fpshape_check(&r->policy, why, sizeof(why)) < 0) {
 		snprintf(err, errlen, "%s:%d: route %s: %s", raw->file, raw->line,
 			 raw->name, why);
+		return -1;
+	}
+	if (jwt_route(r, raw, err, errlen) < 0)
+		return -1;
+	if ((r->policy.scope == SCOPE_TLS_SUBJECT ||
+	     r->policy.scope == SCOPE_TLS_SAN) && !o->client_certs) {
+		snprintf(err, errlen, "%s:%d: route %s: scope = tls:%s needs "
+			 "verified client certificates (--tls-client-ca)",
+			 raw->file, raw->line, raw->name,
+			 r->policy.scope == SCOPE_TLS_SAN ? "san" : "subject");
 		return -1;
 	}
 	if (r->policy.lease_ms <= o->upstream_timeout_ms) {
@@ -856,7 +999,8 @@ void routes_print(const struct route_table *t, FILE *out)
 			const struct setting_syntax *syn = key_syntax(t, k);
 
 			if (((k->flags & KEY_VERIFY) && p->verify == VERIFY_NONE) ||
-			    ((k->flags & KEY_ISSUED) && !p->require_issued_key))
+			    ((k->flags & KEY_ISSUED) && !p->require_issued_key) ||
+			    ((k->flags & KEY_JWT) && p->scope != SCOPE_JWT))
 				continue;
 			if (k->print != NULL) {
 				k->print(r, out);

@@ -56,6 +56,8 @@ struct route_options {
 	const char *key_header;		/* --key-header */
 	uint64_t upstream_timeout_ms;	/* a route's lease is longer */
 	uint64_t methods_mask;		/* protected without a route */
+	bool client_certs;		/* the listener verifies client
+					 * certificates: scope = tls: works */
 	route_option_fn option;
 	const void *opts;
 };

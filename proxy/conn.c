@@ -325,6 +325,8 @@ void conn_free(struct conn *c)
 	h1_head_free(&c->head);
 	body_clear(&c->body);
 	free(c->paths);
+	free(c->tls_subject);
+	free(c->tls_san);
 	free(c);
 	metrics_gauge_add(GAUGE_connections, -1);
 }

@@ -193,6 +193,7 @@ static struct keyed_head keyed_head(const struct conn *c)
 		.route = c->route, .fields = &c->head.fields,
 		.body = c->req_body, .length = c->req_length, .peer = c->peer,
 		.tls = c->ssl != NULL,
+		.tls_subject = c->tls_subject, .tls_san = c->tls_san,
 	};
 
 	return h;

@@ -45,6 +45,7 @@ static int start_exchange(struct conn *c, bool fresh)
 		.fields = &c->head.fields, .peer = c->peer,
 		.tls = c->ssl != NULL, .cfg = c->cfg,
 		.body = c->req_body, .length = c->req_length,
+		.client_subject = c->tls_subject, .client_san = c->tls_san,
 	};
 
 	/* a request that is not retried on a stale connection (it has a

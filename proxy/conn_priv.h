@@ -115,6 +115,8 @@ struct conn {
 	enum conn_state state;
 	bool draining;			/* SIGTERM: this is the last request */
 	char peer[INET6_ADDRSTRLEN];
+	char *tls_subject;		/* the verified client certificate's */
+	char *tls_san;			/* (tls_peer_identity); NULL: none */
 	llhttp_t parser;
 
 	/* the request in progress; reset by reset_request() */

@@ -87,6 +87,9 @@ int conn_tls_accept(struct conn *c, evutil_socket_t fd)
 void conn_tls_established(struct conn *c)
 {
 	c->tls = CONN_TLS_FIRST;
+	if (tls_peer_identity(c->ssl, &c->tls_subject, &c->tls_san) < 0)
+		log_warn("conn %s: out of memory reading its client "
+			 "certificate: scoped routes answer it 401", c->peer);
 	metrics_count(COUNTER_tls_handshakes_total);
 	if (SSL_session_reused(c->ssl))
 		metrics_count(COUNTER_tls_resumed_total);

@@ -317,7 +317,7 @@ static bool stored_field(const struct hdrlist *h, uint32_t i, void *arg)
 		return true;
 	if (httphdr_drop_on_forward(h, i))
 		return false;
-	return (ix->req.policy->scope_header != NULL) || h->v[i].name_len != 10 ||
+	return policy_scoped(ix->req.policy) || h->v[i].name_len != 10 ||
 	       strcasecmp(hdr_name(h, i), "set-cookie") != 0;
 }
 

@@ -17,6 +17,7 @@
 #include "fingerprint.h"
 #include "fpshape.h"
 #include "issue.h"
+#include "jwt.h"
 #include "keysrc.h"
 #include "reqhead.h"
 #include "route.h"
@@ -78,6 +79,9 @@ static enum keyed_verdict header_key(const struct keyed_head *h,
 	return KEYED_BUFFER;
 }
 
+static enum keyed_verdict identity(const struct keyed_head *h,
+				   struct keyed_key *k, struct keyed_answer *a);
+
 enum keyed_verdict keyed_start(const struct keyed_head *h, struct keyed_key *k,
 			       struct keyed_answer *a)
 {
@@ -104,6 +108,8 @@ enum keyed_verdict keyed_start(const struct keyed_head *h, struct keyed_key *k,
 	case KEY_SRC_NONE:
 		return KEYED_PASS;
 	}
+	if (v == KEYED_BUFFER && !k->pending)
+		v = identity(h, k, a);
 	if (v == KEYED_BUFFER && h->body == BODY_LENGTH && h->length > p->max_body)
 		return answer(a, PROBLEM_BODY_TOO_LARGE, OUTCOME_TOO_LARGE, true,
 			      "the request body is larger than max_body");
@@ -137,12 +143,15 @@ static bool content_type_is(const struct hdrlist *f, const char *type)
 /*
  * The namespace of the request's key (DESIGN §7): every route has its own,
  * so that keys of different routes - and of the global policy, whose
- * scope is "" - never meet; a route with scope = header:NAME has one per
- * value of that header. The hex SHA-256 of "route\n<name>\n" and, scoped,
- * "<value>\n"; the key itself keeps its documented form.
+ * scope is "" - never meet; a scoped route has one per caller. The hex
+ * SHA-256 of "route\n<name>\n" and, scoped, "<caller>\n", where a header's
+ * value is the caller as it is (as earlier versions hashed it) and a
+ * verified identity is prefixed with what verified it ("jwt:sub=", ...),
+ * so that no header value names the same namespace as a token's claim.
+ * The key itself keeps its documented form.
  */
-void keyed_scope(const char *route, const char *value, size_t len,
-		 char scope[STORE_SCOPE_LEN + 1])
+void keyed_scope(const char *route, const struct policy *p, const char *value,
+		 size_t len, char scope[STORE_SCOPE_LEN + 1])
 {
 	unsigned char md[EVP_MAX_MD_SIZE];
 	unsigned int mdlen = 0;
@@ -159,6 +168,15 @@ void keyed_scope(const char *route, const char *value, size_t len,
 		EVP_DigestUpdate(ctx, route, strlen(route));
 		EVP_DigestUpdate(ctx, "\n", 1);
 	}
+	if (value != NULL && p != NULL && p->scope == SCOPE_JWT) {
+		EVP_DigestUpdate(ctx, "jwt:", 4);
+		EVP_DigestUpdate(ctx, p->scope_name, strlen(p->scope_name));
+		EVP_DigestUpdate(ctx, "=", 1);
+	} else if (value != NULL && p != NULL && p->scope == SCOPE_TLS_SUBJECT) {
+		EVP_DigestUpdate(ctx, "tls:subject=", 12);
+	} else if (value != NULL && p != NULL && p->scope == SCOPE_TLS_SAN) {
+		EVP_DigestUpdate(ctx, "tls:san=", 8);
+	}
 	if (value != NULL) {
 		EVP_DigestUpdate(ctx, value, len);
 		EVP_DigestUpdate(ctx, "\n", 1);
@@ -169,22 +187,119 @@ void keyed_scope(const char *route, const char *value, size_t len,
 		snprintf(scope + 2 * j, 3, "%02x", md[j]);
 }
 
-static void scope_of(const struct keyed_head *h, char scope[STORE_SCOPE_LEN + 1])
+static void scope_of(const struct keyed_head *h, const struct keyed_key *k,
+		     char scope[STORE_SCOPE_LEN + 1])
 {
 	const struct policy *p = h->policy;
 	const char *value = NULL;
 	size_t len = 0;
 	int i;
 
-	if (p->scope_header != NULL) {
+	switch (p->scope) {
+	case SCOPE_NONE:
+		break;
+	case SCOPE_HEADER:
 		value = "";	/* scoped: an absent header is a value too */
-		i = hdrlist_find(h->fields, p->scope_header, 0);
+		i = hdrlist_find(h->fields, p->scope_name, 0);
 		if (i >= 0) {
 			value = hdr_value(h->fields, (uint32_t)i);
 			len = h->fields->v[i].value_len;
 		}
+		break;
+	case SCOPE_JWT:
+	case SCOPE_TLS_SUBJECT:
+	case SCOPE_TLS_SAN:
+		value = k->caller;	/* identity() verified it */
+		len = strlen(k->caller);
+		break;
 	}
-	keyed_scope(h->route, value, len, scope);
+	keyed_scope(h->route, p, value, len, scope);
+}
+
+/* The token of an "Authorization: Bearer <token>" field (RFC 6750 §2.1),
+ * exactly one such field; NULL otherwise. */
+static const char *bearer(const struct hdrlist *f, size_t *len)
+{
+	int i = hdrlist_find(f, "authorization", 0);
+	const char *v, *end;
+
+	if (i < 0 || hdrlist_find(f, "authorization", (uint32_t)i + 1) >= 0)
+		return NULL;
+	v = hdr_value(f, (uint32_t)i);
+	end = v + f->v[i].value_len;
+	if (end - v < 7 || strncasecmp(v, "Bearer ", 7) != 0)
+		return NULL;
+	for (v += 7; v < end && *v == ' '; v++)
+		;
+	while (end > v && (end[-1] == ' ' || end[-1] == '\t'))
+		end--;
+	*len = (size_t)(end - v);
+	return *len > 0 ? v : NULL;
+}
+
+/*
+ * Who is asking, on a route scoped by a verified identity: the token's
+ * claim or the certificate's subject or SAN into k->caller, or 401. Run
+ * once the request is known to carry a key: nothing is claimed or
+ * forwarded for a caller that is not verified.
+ */
+static enum keyed_verdict identity(const struct keyed_head *h,
+				   struct keyed_key *k, struct keyed_answer *a)
+{
+	const struct policy *p = h->policy;
+	const char *token, *who;
+	char why[256], detail[320];
+	size_t len = 0;
+	enum jwt_error e;
+
+	switch (p->scope) {
+	case SCOPE_JWT: {
+		struct jwt_check c = {
+			.keys = p->jwt_keys, .algs = p->jwt_algs,
+			.issuer = p->jwt_issuer, .audience = p->jwt_audience,
+			.leeway_s = p->jwt_leeway_ms / 1000,
+			.now = (int64_t)time(NULL),
+		};
+		char claim[JWT_CLAIM_MAX + 1];
+
+		token = bearer(h->fields, &len);
+		if (token == NULL)
+			return answer(a, PROBLEM_TOKEN_INVALID,
+				      OUTCOME_IDENTITY_INVALID, false,
+				      "this route scopes keys by a verified "
+				      "token: send one Authorization: Bearer "
+				      "<JWT>");
+		e = jwt_verify(&c, token, len, p->scope_name, claim, why,
+			       sizeof(why));
+		if (e != JWT_OK) {
+			snprintf(detail, sizeof(detail), "the bearer token is "
+				 "not accepted (%s): %s", jwt_error_name(e), why);
+			return answer(a, PROBLEM_TOKEN_INVALID,
+				      OUTCOME_IDENTITY_INVALID, false, detail);
+		}
+		snprintf(k->caller, sizeof(k->caller), "%s", claim);
+		return KEYED_BUFFER;
+	}
+	case SCOPE_TLS_SUBJECT:
+	case SCOPE_TLS_SAN:
+		who = p->scope == SCOPE_TLS_SAN ? h->tls_san : h->tls_subject;
+		if (who == NULL || who[0] == '\0' ||
+		    strlen(who) > KEYED_CALLER_MAX)
+			return answer(a, PROBLEM_CERT_REQUIRED,
+				      OUTCOME_IDENTITY_INVALID, false,
+				      p->scope == SCOPE_TLS_SAN ?
+				      "this route scopes keys by the client "
+				      "certificate's first subject alternative "
+				      "name: connect with a verified certificate "
+				      "that has one" :
+				      "this route scopes keys by the client "
+				      "certificate: connect with one the proxy "
+				      "verifies");
+		snprintf(k->caller, sizeof(k->caller), "%s", who);
+		return KEYED_BUFFER;
+	default:
+		return KEYED_BUFFER;
+	}
 }
 
 /* A signed callback is checked before anything is claimed. */
@@ -242,7 +357,7 @@ static void fill_request(const struct keyed_head *h, const struct keyed_key *k,
 	const struct policy *p = h->policy;
 
 	snprintf(req->claim.key.key, sizeof(req->claim.key.key), "%s", k->key);
-	scope_of(h, req->claim.key.scope);
+	scope_of(h, k, req->claim.key.scope);
 	req->claim.lease_ms = p->lease_ms;
 	req->claim.ttl_ms = p->ttl_ms;
 	req->cfg = h->cfg;		/* idem_start takes a reference */
@@ -289,6 +404,7 @@ enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k
 		.fields = h->fields, .peer = h->peer, .tls = h->tls,
 		.cfg = h->cfg, .body = h->body == BODY_NONE ? BODY_NONE : BODY_LENGTH,
 		.length = len, .drop_expect = true,
+		.client_subject = h->tls_subject, .client_san = h->tls_san,
 	};
 
 	memset(req, 0, sizeof(*req));
@@ -304,6 +420,8 @@ enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k
 			    KEYED_ANSWER)
 				return KEYED_ANSWER;
 			req->unprotected = true;  /* pass through, body and all */
+		} else if (identity(h, k, a) == KEYED_ANSWER) {
+			return KEYED_ANSWER;
 		}
 	}
 	fill_request(h, k, req);

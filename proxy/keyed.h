@@ -4,12 +4,17 @@
  * the engine's request, or the answer the proxy gives itself, out.
  *
  *   keyed_start(head)  ──▶ PASS    forward it unprotected, body streamed
- *        │                 ANSWER  400 (invalid or missing key), 413
+ *        │                 ANSWER  400 (invalid or missing key), 413, 401
  *        ▼ BUFFER
  *   (conn.c buffers the body up to max_body)
  *        │
  *   keyed_prepare(head, body) ──▶ ENGINE  the idem_request is filled
- *                                 ANSWER  401 (signature), 400 (key)
+ *                                 ANSWER  401 (signature, identity), 400 (key)
+ *
+ * A route scoped by a verified identity (jwt:, tls:) checks it once the key
+ * is known to be there: a request with a key and no valid identity is 401,
+ * a request without a key passes as it would have (the upstream does its
+ * own authentication).
  *
  * DESIGN.md §1 items 2-5, §4 (key sources, scope, verify, issued keys).
  */
@@ -43,6 +48,8 @@ struct keyed_head {
 	uint64_t length;		/* BODY_LENGTH: declared length */
 	const char *peer;		/* for X-Forwarded-For */
 	bool tls;			/* for X-Forwarded-Proto */
+	const char *tls_subject;	/* the verified client certificate's */
+	const char *tls_san;		/* ... (NULL: none, or not verified) */
 };
 
 enum keyed_verdict {
@@ -52,10 +59,14 @@ enum keyed_verdict {
 	KEYED_ANSWER,		/* answer with the problem */
 };
 
+/* The longest caller a scope names: a JWT claim, a certificate subject. */
+#define KEYED_CALLER_MAX 512
+
 /* The key as far as the head tells it. */
 struct keyed_key {
 	char key[IDEMKEY_MAX + 1];	/* with the route's key_prefix */
 	bool pending;			/* it comes from the body */
+	char caller[KEYED_CALLER_MAX + 1];  /* jwt: and tls: scopes, verified */
 };
 
 /* A problem the proxy answers with instead. */
@@ -83,11 +94,13 @@ enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k
 
 /*
  * The store scope of a key: route is the route's name (NULL: the global
- * policy); value the caller's value of the policy's scope header (NULL:
- * the policy is not scoped; "" with len 0 when the header was absent).
- * "" when neither. Also what GET /keys and `idemproxy keys` address.
+ * policy), p its policy (NULL: not known, value taken as a header's);
+ * value the caller (NULL: the policy is not scoped): the scope header's
+ * value ("" with len 0 when the header was absent), the verified claim or
+ * the certificate's subject or SAN. "" when neither. Also what GET /keys
+ * and `idemproxy keys` address.
  */
-void keyed_scope(const char *route, const char *value, size_t len,
-		 char scope[STORE_SCOPE_LEN + 1]);
+void keyed_scope(const char *route, const struct policy *p, const char *value,
+		 size_t len, char scope[STORE_SCOPE_LEN + 1]);
 
 #endif

@@ -42,22 +42,29 @@ int keys_address(const struct config *cfg, const struct keys_query *q,
 	}
 	if (p != NULL) {
 		prefix = p->key_prefix != NULL ? p->key_prefix : "";
-		if (p->scope_header == NULL && scope != NULL) {
+		if (!policy_scoped(p) && scope != NULL) {
 			snprintf(err, errlen, "%s%s has no scope (scope = "
-				 "header:NAME): leave out scope",
+				 "header:NAME, jwt:CLAIM, tls:...): leave out scope",
 				 q->route != NULL ? "route " : "the global policy",
 				 q->route != NULL ? q->route : "");
 			return -1;
 		}
-		if (p->scope_header != NULL && scope == NULL)
+		if (p->scope == SCOPE_HEADER && scope == NULL)
 			scope = "";	/* the requests that came without it */
+		if (policy_scoped(p) && p->scope != SCOPE_HEADER && scope == NULL) {
+			snprintf(err, errlen, "route %s is scoped by %s: name the "
+				 "caller with scope", q->route != NULL ? q->route :
+				 "(global)", p->scope == SCOPE_JWT ? "a token's claim" :
+				 "a client certificate");
+			return -1;
+		}
 	}
 	if (keysrc_finish(prefix, q->key, strlen(q->key), k->key) < 0) {
 		snprintf(err, errlen, "not a valid key: 1 to %d visible ASCII "
 			 "characters, with the route's prefix", IDEMKEY_MAX);
 		return -1;
 	}
-	keyed_scope(q->route, scope, scope != NULL ? strlen(scope) : 0,
+	keyed_scope(q->route, p, scope, scope != NULL ? strlen(scope) : 0,
 		    k->scope);
 	return 0;
 }

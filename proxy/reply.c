@@ -30,6 +30,9 @@ void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
 	if (status == 503 || p == PROBLEM_IN_PROGRESS ||
 	    p == PROBLEM_TOO_MANY_REQUESTS)
 		evbuffer_add(out, "Retry-After: 1\r\n", 16);
+	if (p == PROBLEM_TOKEN_INVALID)		/* RFC 6750 §3 */
+		evbuffer_add_printf(out, "WWW-Authenticate: Bearer "
+				    "error=\"invalid_token\"\r\n");
 	h1_write_connection(out, rc.close, rc.http10);
 	evbuffer_add(out, "\r\n", 2);
 	evbuffer_add(out, body, len);

@@ -55,6 +55,10 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 		return true;
 	if (httphdr_drop_on_forward(h, i))
 		return false;
+	if (r->cfg->tls_client_ca != NULL &&
+	    ((n == 21 && strcasecmp(name, "x-client-cert-subject") == 0) ||
+	     (n == 17 && strcasecmp(name, "x-client-cert-san") == 0)))
+		return false;	/* ours: what this listener verified */
 	return !(r->drop_expect && n == 6 && strcasecmp(name, "expect") == 0);
 }
 
@@ -80,6 +84,12 @@ void reqhead_write(struct evbuffer *out, const struct reqhead *r)
 	if (host >= 0 && hdrlist_find(h, "x-forwarded-host", 0) < 0)
 		evbuffer_add_printf(out, "X-Forwarded-Host: %s\r\n",
 				    hdr_value(h, (uint32_t)host));
+	if (r->client_subject != NULL)
+		evbuffer_add_printf(out, "X-Client-Cert-Subject: %s\r\n",
+				    r->client_subject);
+	if (r->client_san != NULL)
+		evbuffer_add_printf(out, "X-Client-Cert-SAN: %s\r\n",
+				    r->client_san);
 	if (r->body == BODY_LENGTH)
 		evbuffer_add_printf(out, "Content-Length: %llu\r\n",
 				    (unsigned long long)r->length);

@@ -1,8 +1,10 @@
 /*
  * reqhead.h - the request head the proxy sends upstream: request line with
  * the upstream's path prefix, the client's end-to-end fields, Host when the
- * client sent none, X-Forwarded-For/-Proto/-Host (DESIGN.md §1, §7), and
- * our own body framing.
+ * client sent none, X-Forwarded-For/-Proto/-Host (DESIGN.md §1, §7), the
+ * verified client certificate's names (X-Client-Cert-Subject and -SAN, with
+ * --tls-client-ca: the client's own fields of those names are dropped),
+ * and our own body framing.
  */
 #ifndef IDEMPROXY_REQHEAD_H
 #define IDEMPROXY_REQHEAD_H
@@ -25,6 +27,8 @@ struct reqhead {
 	enum body_kind body;		/* NONE, LENGTH or CHUNKED */
 	uint64_t length;		/* BODY_LENGTH: the whole body */
 	bool drop_expect;		/* the proxy answered 100-continue */
+	const char *client_subject;	/* a verified client certificate's: */
+	const char *client_san;		/* X-Client-Cert-Subject / -SAN */
 };
 
 void reqhead_write(struct evbuffer *out, const struct reqhead *r);

@@ -168,6 +168,117 @@ static int alpn_select(SSL *ssl, const unsigned char **out,
 	return SSL_TLSEXT_ERR_NOACK;
 }
 
+/* Ask clients for a certificate and verify it against cfg->tls_client_ca
+ * (whose subjects are the CA names the handshake offers). */
+static int client_verify(SSL_CTX *ctx, const struct config *cfg, char *err,
+			 size_t errlen)
+{
+	STACK_OF(X509_NAME) *names;
+	char why[160];
+	int mode = SSL_VERIFY_PEER;
+
+	if (SSL_CTX_load_verify_locations(ctx, cfg->tls_client_ca, NULL) != 1 ||
+	    (names = SSL_load_client_CA_file(cfg->tls_client_ca)) == NULL) {
+		first_error(why, sizeof(why));
+		snprintf(err, errlen, "--tls-client-ca %s: %s (PEM CA "
+			 "certificates are needed)", cfg->tls_client_ca, why);
+		return -1;
+	}
+	SSL_CTX_set_client_CA_list(ctx, names);
+	if (cfg->tls_client_cert == TLS_CLIENT_CERT_REQUIRED)
+		mode |= SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+	/* a certificate shown is verified or the handshake fails: what a
+	 * connection has is a verified one, or none */
+	SSL_CTX_set_verify(ctx, mode, NULL);
+	SSL_CTX_set_verify_depth(ctx, 8);
+	return 0;
+}
+
+/* s[0..n) if it is printable ASCII, as a new string; else NULL. */
+static char *printable(const unsigned char *s, int n)
+{
+	char *out;
+
+	if (n <= 0 || n > 1024)
+		return NULL;
+	for (int i = 0; i < n; i++)
+		if (s[i] < 0x20 || s[i] > 0x7e)
+			return NULL;
+	out = malloc((size_t)n + 1);
+	if (out != NULL) {
+		memcpy(out, s, (size_t)n);
+		out[n] = '\0';
+	}
+	return out;
+}
+
+/* The first DNS, URI, email or IP name of x, as "DNS:name". */
+static char *first_san(X509 *x)
+{
+	GENERAL_NAMES *names = X509_get_ext_d2i(x, NID_subject_alt_name, NULL,
+						NULL);
+	char *out = NULL, ip[INET6_ADDRSTRLEN], *v;
+
+	for (int i = 0; out == NULL && i < sk_GENERAL_NAME_num(names); i++) {
+		const GENERAL_NAME *g = sk_GENERAL_NAME_value(names, i);
+		const char *type = NULL;
+		ASN1_IA5STRING *a = NULL;
+
+		switch (g->type) {
+		case GEN_DNS: type = "DNS:"; a = g->d.dNSName; break;
+		case GEN_URI: type = "URI:"; a = g->d.uniformResourceIdentifier; break;
+		case GEN_EMAIL: type = "email:"; a = g->d.rfc822Name; break;
+		case GEN_IPADD:
+			if (inet_ntop(g->d.iPAddress->length == 4 ? AF_INET :
+				      AF_INET6, g->d.iPAddress->data, ip,
+				      sizeof(ip)) == NULL ||
+			    (g->d.iPAddress->length != 4 &&
+			     g->d.iPAddress->length != 16))
+				continue;
+			type = "IP:";
+			v = ip;
+			goto have;
+		default:
+			continue;
+		}
+		v = printable(a->data, a->length);
+		if (v == NULL)
+			continue;
+have:
+		out = malloc(strlen(type) + strlen(v) + 1);
+		if (out != NULL)
+			sprintf(out, "%s%s", type, v);
+		if (v != ip)
+			free(v);
+	}
+	GENERAL_NAMES_free(names);
+	return out;
+}
+
+int tls_peer_identity(SSL *ssl, char **subject, char **san)
+{
+	X509 *x = SSL_get0_peer_certificate(ssl);
+	BIO *b;
+	char *data;
+	long n;
+
+	*subject = *san = NULL;
+	if (x == NULL || SSL_get_verify_result(ssl) != X509_V_OK)
+		return 0;
+	b = BIO_new(BIO_s_mem());
+	if (b == NULL)
+		return -1;
+	/* RFC 2253, controls and non-ASCII escaped: one printable line */
+	if (X509_NAME_print_ex(b, X509_get_subject_name(x), 0,
+			       XN_FLAG_RFC2253 | ASN1_STRFLGS_ESC_MSB) >= 0) {
+		n = BIO_get_mem_data(b, &data);
+		*subject = printable((const unsigned char *)data, (int)n);
+	}
+	BIO_free(b);
+	*san = first_san(x);
+	return 0;
+}
+
 static SSL_CTX *listener_ctx(const struct config *cfg, char *err,
 			     size_t errlen)
 {
@@ -196,6 +307,9 @@ static SSL_CTX *listener_ctx(const struct config *cfg, char *err,
 			 "knows", cfg->tls_ciphers);
 		goto fail;
 	}
+	if (cfg->tls_client_ca != NULL &&
+	    client_verify(ctx, cfg, err, errlen) < 0)
+		goto fail;
 	return ctx;
 fail:
 	SSL_CTX_free(ctx);

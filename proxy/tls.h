@@ -58,6 +58,16 @@ void tls_listener_free(struct tls_listener *t);
 enum tls_error tls_handshake_error(struct bufferevent *bev, short what,
 				   char *why, size_t len);
 
+/*
+ * The verified client certificate of an established connection (with
+ * --tls-client-ca): its subject as RFC 2253 writes it ("CN=alice,O=Acme")
+ * and its first DNS, URI, email or IP subject alternative name ("DNS:a.b",
+ * "email:alice@acme.example"), each a new string or NULL (no certificate,
+ * no such name, or a name that is not printable ASCII). 0, or -1 when out
+ * of memory.
+ */
+int tls_peer_identity(SSL *ssl, char **subject, char **san) MUSTCHECK;
+
 /* ---- the upstream ----------------------------------------------------- */
 
 struct tls_upstream;

@@ -12,6 +12,7 @@ and is never written or removed here.
     tests/fuzz/seeds.py          rewrite the generated seeds
 """
 import ast
+import base64
 import hashlib
 import hmac
 import json
@@ -300,6 +301,69 @@ def jcs_seeds():
     return seeds
 
 
+def jwt_seeds():
+    """A selector byte (fuzz_jwt.c), then a token (bit 0 clear: against keys
+    nobody can sign for) or "HEADER\nCLAIMS" that the harness signs with
+    HS256/384/512 (bit 0 set, bits 1-2). Bits 3-4: the claim (sub, email,
+    aud, exp), 5 an issuer, 6 an audience."""
+    def b64(b):
+        return base64.urlsafe_b64encode(b).rstrip(b"=")
+
+    def fake_sig(n, salt):
+        out = b""
+        while len(out) < n:
+            out += hashlib.sha256(salt + bytes([len(out)])).digest()
+        return b64(out[:n])
+
+    claims = b'{"sub":"user-1","iss":"https://id.example","aud":["orders","x"],' \
+             b'"exp":1700003600,"nbf":1699999000,"iat":1699999000}'
+    seeds = {}
+    headers = {
+        "rs256": (b'{"alg":"RS256","typ":"JWT","kid":"r"}', 256),
+        "ps384": (b'{"alg":"PS384","kid":"r"}', 256),
+        "es256": (b'{"alg":"ES256","kid":"e1"}', 64),
+        "es256-nokid": (b'{"alg":"ES256","typ":"at+jwt"}', 64),
+        "es384": (b'{"alg":"ES384","kid":"e3"}', 96),
+        "es512": (b'{"alg":"ES512"}', 132),
+        "eddsa": (b'{"alg":"EdDSA","kid":"ed","typ":"application/jwt"}', 64),
+        "hs256": (b'{"alg":"HS256","kid":"h"}', 32),
+        "hs512": (b'{"alg":"HS512"}', 64),
+        "es256-der": (b'{"alg":"ES256"}', 71),
+        "none": (b'{"alg":"none"}', 0),
+        "crit": (b'{"alg":"RS256","crit":["b64"],"b64":false}', 256),
+        "jwk-header": (b'{"alg":"ES256","jwk":{"kty":"EC","crv":"P-256","x":"AA","y":"AA"}}', 64),
+        "kid-unknown": (b'{"alg":"RS256","kid":"nope"}', 256),
+        "dup-alg": (b'{"alg":"HS256","alg":"RS256"}', 256),
+    }
+    for name, (hdr, n) in headers.items():
+        tok = b64(hdr) + b"." + b64(claims) + b"." + fake_sig(n, name.encode())
+        seeds["raw-" + name] = b"\x00" + tok
+    seeds["raw-padded"] = b"\x00" + b64(b'{"alg":"HS256"}') + b"==." + b64(claims) + b".AAAA"
+    seeds["raw-two-segments"] = b"\x00" + b64(b'{"alg":"HS256"}') + b"." + b64(claims)
+    seeds["raw-bad-char"] = b"\x00eyJhbGciOiJIUzI1NiJ9.e*J9.AAAA"
+    seeds["raw-empty-segments"] = b"\x00.."
+    # signed: header, newline, claims; selector 1 = HS256, 3 = HS384, 5 = HS512
+    signed = {
+        "hs256": (1, b'{"alg":"HS256","typ":"JWT"}', claims),
+        "hs384": (3, b'{"alg":"HS384"}', claims),
+        "hs512": (5, b'{"alg":"HS512","kid":"k"}', claims),
+        "int-sub": (1, b'{"alg":"HS256"}', b'{"sub":12345678901234567890}'),
+        "neg-sub": (1, b'{"alg":"HS256"}', b'{"sub":-42,"exp":1.7e9}'),
+        "email": (1 | 1 << 3, b'{"alg":"HS256"}', b'{"sub":"a","email":"a@b.example"}'),
+        "aud-claim": (1 | 2 << 3, b'{"alg":"HS256"}', b'{"aud":"orders"}'),
+        "iss-aud": (1 | 0x20 | 0x40, b'{"alg":"HS256"}', claims),
+        "expired": (1, b'{"alg":"HS256"}', b'{"sub":"a","exp":1600000000}'),
+        "not-yet": (1, b'{"alg":"HS256"}', b'{"sub":"a","nbf":1800000000}'),
+        "escapes": (1, b'{"alg":"HS\\u0032\\u00356"}', b'{"sub":"\\ud83d\\ude00 \\"x\\""}'),
+        "dup-sub": (1, b'{"alg":"HS256"}', b'{"sub":"a","sub":"b"}'),
+        "nan": (1, b'{"alg":"HS256"}', b'{"sub":"a","exp":NaN}'),
+        "alg-mismatch": (1, b'{"alg":"HS512"}', claims),
+    }
+    for name, (sel, hdr, body) in signed.items():
+        seeds["signed-" + name] = bytes([sel]) + hdr + b"\n" + body
+    return seeds
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -321,6 +385,7 @@ def main():
     write("config", config_seeds())
     write("setting", setting_seeds())
     write("jcs", jcs_seeds())
+    write("jwt", jwt_seeds())
 
 
 if __name__ == "__main__":

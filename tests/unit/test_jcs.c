@@ -170,6 +170,8 @@ static void test_refused(void)
 		"[1e400]",			/* beyond a double */
 		"[-1e309]",
 		"[NaN]", "[Infinity]", "[1,]", "{\"a\" 1}", "[01]", "'a'",
+		"{'a':1}", "[NaN, 1]", "[-Infinity]",	/* json-c takes them */
+		"[\"a\tb\"]",			/* a raw control byte */
 		"\"\xff\"",			/* not UTF-8 */
 		"{} x", "", "   ", "{",
 	};

@@ -291,7 +291,8 @@ static void test_config_values(void)
 		is_int(p->key_source, KEY_SRC_JSON, "values: json source");
 		is_str(p->key_name, "/data/id", "values: json pointer");
 		is_str(p->key_prefix, "evt:", "values: key_prefix");
-		is_str(p->scope_header, "Authorization", "values: scope header");
+		is_int(p->scope, SCOPE_HEADER, "values: scope header");
+		is_str(p->scope_name, "Authorization", "values: scope header name");
 		ok(!p->require_key, "values: require_key overridden to no");
 		is_int(p->in_flight, IN_FLIGHT_REJECT, "values: in_flight");
 		is_int(p->wait_timeout_ms, 3000, "values: wait_timeout");
@@ -314,7 +315,8 @@ static void test_config_values(void)
 		is_int(p->verify_tolerance_ms, 600000, "values: verify_tolerance");
 		ok(p->require_key, "values: require_key inherited (yes)");
 		is_str(p->key_prefix, "", "values: no prefix");
-		ok(p->scope_header == NULL, "values: global scope by default");
+		ok(p->scope == SCOPE_NONE && p->scope_name == NULL,
+		   "values: global scope by default");
 	}
 	p = route_policy(&c->routing, HTTP_POST, "/hooks/github", &name);
 	ok(p != NULL && p->verify == VERIFY_GITHUB, "values: github is the default format");
@@ -365,7 +367,7 @@ static void test_config_values(void)
 	ok(c != NULL &&
 	   c->routing.routes[0].policy.key_source == KEY_SRC_AUTO &&
 	   c->routing.routes[0].policy.verify == VERIFY_NONE &&
-	   c->routing.routes[0].policy.scope_header == NULL,
+	   c->routing.routes[0].policy.scope == SCOPE_NONE,
 	   "values: auto, scope none, verify none (%s)", err);
 	ok(c != NULL &&
 	   route_policy(&c->routing, HTTP_POST, "/a", &name) != NULL,
@@ -469,7 +471,7 @@ static void test_config_errors(void)
 		  4, "route o: in_flight: invalid value \"queue\" (use wait or reject)");
 	fails_ini("bad-scope.ini",
 		  "[idemproxy]\n[route o]\nmatch = POST /o\nscope = cookie:sid\n", NOENV,
-		  4, "route o: scope: expected header:NAME or none");
+		  4, "route o: scope: expected header:NAME, jwt:CLAIM");
 	fails_ini("bad-prefix.ini",
 		  "[idemproxy]\n[route o]\nmatch = POST /o\nkey_prefix = a\x01 b\n", NOENV,
 		  4, "route o: key_prefix: only visible ASCII");
