@@ -19,12 +19,15 @@
 #include "jwt.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <json-c/json.h>
 #include <openssl/bn.h>
@@ -626,12 +629,18 @@ out:
 static int read_file(const char *path, char **data, size_t *len, char *why,
 		     size_t wl)
 {
-	FILE *f = fopen(path, "rb");
+	/* not blocking on a FIFO or a device: a key file is a file */
+	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	FILE *f = NULL;
 	char *buf = NULL;
+	struct stat st;
 	size_t n;
 
-	if (f == NULL) {
-		say(why, wl, "%s", strerror(errno));
+	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+	    (f = fdopen(fd, "rb")) == NULL) {
+		say(why, wl, "%s", fd < 0 ? strerror(errno) : "not a regular file");
+		if (fd >= 0)
+			close(fd);
 		return -1;
 	}
 	if ((buf = malloc(FILE_MAX + 1)) == NULL) {
