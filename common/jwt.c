@@ -13,51 +13,33 @@
  *     -> the signature, against each such key
  *     -> only now the claims JSON: exp, nbf, iss, aud, then the claim.
  *
- * Every key is reduced at load to what verification needs: an EVP_PKEY or
- * a secret, an optional kid, and the mask of algs it may verify.
+ * Every key is reduced at load (jwt_keys.c) to what verification needs:
+ * an EVP_PKEY or a secret, an optional kid, and the mask of algs it may
+ * verify.
  */
 #include "jwt.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <json-c/json.h>
 #include <openssl/bn.h>
-#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/ec.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
-#include <openssl/param_build.h>
-#include <openssl/pem.h>
 #include <openssl/rsa.h>
-#include <openssl/x509.h>
 
 #include "jsontext.h"
+#include "jwt_priv.h"
 
-#define FILE_MAX (1 << 20)	/* a key file larger than this is a mistake */
 #define SHOWN_MAX 60		/* bytes of a token quoted in why */
-#define RSA_BITS_MIN 2048
-#define SECRET_MIN 32
 
-/* Which keys an alg needs. */
-enum fam { FAM_RSA, FAM_P256, FAM_P384, FAM_P521, FAM_ED25519, FAM_OCT };
-
-static const struct alg {
-	const char *name;
-	enum fam fam;
-	const char *md;		/* NULL: EdDSA hashes by itself */
-	bool pss;
-	size_t siglen;		/* fixed signature size; 0: the RSA modulus' */
-} algs[JWT_ALG_COUNT] = {
+const struct jwt_alg_info jwt_algs[JWT_ALG_COUNT] = {
 	[JWT_RS256] = { "RS256", FAM_RSA, "SHA256", false, 0 },
 	[JWT_RS384] = { "RS384", FAM_RSA, "SHA384", false, 0 },
 	[JWT_RS512] = { "RS512", FAM_RSA, "SHA512", false, 0 },
@@ -73,34 +55,7 @@ static const struct alg {
 	[JWT_HS512] = { "HS512", FAM_OCT, "SHA512", false, 64 },
 };
 
-/* The EC curves by JWK name and by the name OpenSSL reports. */
-static const struct curve {
-	const char *jwk, *ossl;
-	enum fam fam;
-	size_t len;		/* of a coordinate */
-} curves[] = {
-	{ "P-256", "prime256v1", FAM_P256, 32 },
-	{ "P-384", "secp384r1", FAM_P384, 48 },
-	{ "P-521", "secp521r1", FAM_P521, 66 },
-};
-
-struct jwt_key {
-	EVP_PKEY *pkey;		/* NULL for a secret */
-	unsigned char *secret;
-	size_t secret_len;
-	char *kid;		/* NULL: none given */
-	unsigned algs;		/* what it may verify: its family's, narrowed
-				 * by its JWK alg and a secret's size */
-};
-
-struct jwt_keys {
-	struct jwt_key v[JWT_KEYS_MAX];
-	int n;
-	int skipped;
-};
-
-static __attribute__((format(printf, 3, 4)))
-void say(char *why, size_t len, const char *fmt, ...)
+void jwt_say(char *why, size_t len, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -128,23 +83,23 @@ static const char *shown(const char *s, size_t len, char buf[SHOWN_MAX + 4])
 }
 
 /* The alg named s[0..len), or -1. */
-static int alg_find(const char *s, size_t len)
+int jwt_alg_find(const char *s, size_t len)
 {
 	for (int a = 0; a < JWT_ALG_COUNT; a++)
-		if (strlen(algs[a].name) == len && memcmp(algs[a].name, s, len) == 0)
+		if (strlen(jwt_algs[a].name) == len && memcmp(jwt_algs[a].name, s, len) == 0)
 			return a;
 	return -1;
 }
 
 /* The algs a key of family fam may verify; a secret only those whose
  * hash is no longer than it (RFC 7518 §3.2). */
-static unsigned fam_algs(enum fam fam, size_t secret_len)
+unsigned jwt_fam_algs(enum fam fam, size_t secret_len)
 {
 	unsigned m = 0;
 
 	for (int a = 0; a < JWT_ALG_COUNT; a++)
-		if (algs[a].fam == fam &&
-		    (fam != FAM_OCT || secret_len >= algs[a].siglen))
+		if (jwt_algs[a].fam == fam &&
+		    (fam != FAM_OCT || secret_len >= jwt_algs[a].siglen))
 			m |= 1u << a;
 	return m;
 }
@@ -168,7 +123,7 @@ static int b64_digit(char c)
  * spelling of each byte string is taken: no '=', no blanks, and the bits
  * a last partial group leaves over must be zero.
  */
-static long b64_decode(const char *s, size_t len, unsigned char *out)
+long jwt_b64_decode(const char *s, size_t len, unsigned char *out)
 {
 	uint32_t acc = 0;
 	size_t n = 0;
@@ -195,7 +150,7 @@ static long b64_decode(const char *s, size_t len, unsigned char *out)
 
 /* s[0..len) as a JSON object (json_object_put() it), or NULL when it is
  * anything else, has trailing bytes, or is not read as written. */
-static struct json_object *json_parse_object(const char *s, size_t len)
+struct json_object *jwt_json_object(const char *s, size_t len)
 {
 	struct json_tokener *tok = json_tokener_new();
 	struct json_object *v = NULL;
@@ -224,7 +179,7 @@ fail:
 
 /* Member name of o: 0 and *out (NULL when absent), or -1 when it is there
  * but not a string. */
-static int member_string(struct json_object *o, const char *name,
+int jwt_member_string(struct json_object *o, const char *name,
 			 const char **out, size_t *len)
 {
 	struct json_object *v;
@@ -241,7 +196,7 @@ static int member_string(struct json_object *o, const char *name,
 }
 
 /* free() what may hold a secret. */
-static void wipe_free(void *p, size_t len)
+void jwt_wipe_free(void *p, size_t len)
 {
 	if (p != NULL)
 		OPENSSL_cleanse(p, len);
@@ -249,495 +204,11 @@ static void wipe_free(void *p, size_t len)
 }
 
 /* Is v the string s? */
-static bool string_is(struct json_object *v, const char *s)
+bool jwt_string_is(struct json_object *v, const char *s)
 {
 	return json_object_is_type(v, json_type_string) &&
 	       (size_t)json_object_get_string_len(v) == strlen(s) &&
 	       memcmp(json_object_get_string(v), s, strlen(s)) == 0;
-}
-
-/* ---- loading keys ------------------------------------------------------ */
-
-/*
- * Is pkey a public key this module takes? Its family, or -1 and why: RSA
- * below RSA_BITS_MIN bits, EC off the three curves, other kinds, and what
- * fails OpenSSL's public key check (an even RSA modulus or exponent).
- */
-static int pkey_family(EVP_PKEY *pkey, char *why, size_t wl)
-{
-	EVP_PKEY_CTX *ctx;
-	char group[64];
-	int fam = -1;
-	bool ok;
-
-	if (EVP_PKEY_is_a(pkey, "RSA")) {
-		if (EVP_PKEY_get_bits(pkey) < RSA_BITS_MIN) {
-			say(why, wl, "an RSA key of %d bits: at least %d are required",
-			    EVP_PKEY_get_bits(pkey), RSA_BITS_MIN);
-			return -1;
-		}
-		fam = FAM_RSA;
-	} else if (EVP_PKEY_is_a(pkey, "EC")) {
-		if (!EVP_PKEY_get_utf8_string_param(pkey, OSSL_PKEY_PARAM_GROUP_NAME,
-						    group, sizeof(group), NULL))
-			strcpy(group, "(explicit parameters)");
-		for (size_t i = 0; i < sizeof(curves) / sizeof(curves[0]); i++)
-			if (strcmp(group, curves[i].ossl) == 0)
-				fam = (int)curves[i].fam;
-		if (fam < 0) {
-			say(why, wl, "an EC key on curve %s: P-256, P-384 or P-521 is required",
-			    group);
-			return -1;
-		}
-	} else if (EVP_PKEY_is_a(pkey, "ED25519")) {
-		fam = FAM_ED25519;
-	} else {
-		say(why, wl, "a %s key: RSA, EC or Ed25519 is required",
-		    EVP_PKEY_get0_type_name(pkey) ? EVP_PKEY_get0_type_name(pkey) : "unknown");
-		return -1;
-	}
-	ctx = EVP_PKEY_CTX_new_from_pkey(NULL, pkey, NULL);
-	ok = ctx != NULL && EVP_PKEY_public_check(ctx) == 1;
-	EVP_PKEY_CTX_free(ctx);
-	if (!ok) {
-		say(why, wl, "the public key fails OpenSSL's public key check");
-		return -1;
-	}
-	return fam;
-}
-
-/* Take pkey (owned from here on) or secret (copied) as a key, its algs
- * narrowed to mask. 0, or -1 with why. */
-static int keys_add(struct jwt_keys *k, EVP_PKEY *pkey, const void *secret,
-		    size_t secret_len, const char *kid, unsigned mask,
-		    char *why, size_t wl)
-{
-	struct jwt_key *key = &k->v[k->n];
-	int fam = FAM_OCT;
-
-	if (pkey != NULL && (fam = pkey_family(pkey, why, wl)) < 0)
-		goto fail;
-	if (pkey == NULL && secret_len < SECRET_MIN) {
-		say(why, wl, "an HMAC secret of %zu bytes: at least %d are required "
-		    "(RFC 7518 section 3.2)", secret_len, SECRET_MIN);
-		goto fail;
-	}
-	if (k->n == JWT_KEYS_MAX) {
-		say(why, wl, "more than %d keys", JWT_KEYS_MAX);
-		goto fail;
-	}
-	key->algs = fam_algs((enum fam)fam, secret_len) & mask;
-	if (key->algs == 0) {		/* e.g. alg ES384 on a P-256 key */
-		k->skipped++;
-		EVP_PKEY_free(pkey);
-		return 0;
-	}
-	if (kid != NULL && (key->kid = strdup(kid)) == NULL)
-		goto nomem;
-	if (pkey == NULL && (key->secret = OPENSSL_memdup(secret, secret_len)) == NULL)
-		goto nomem;
-	key->pkey = pkey;
-	key->secret_len = secret_len;
-	k->n++;
-	return 0;
-nomem:
-	say(why, wl, "out of memory");
-	free(key->kid);
-	memset(key, 0, sizeof(*key));
-fail:
-	EVP_PKEY_free(pkey);
-	return -1;
-}
-
-/* A public key of type from OSSL_PARAMs, or NULL. */
-static EVP_PKEY *pkey_fromdata(const char *type, OSSL_PARAM *params)
-{
-	EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new_from_name(NULL, type, NULL);
-	EVP_PKEY *pkey = NULL;
-
-	if (ctx == NULL || EVP_PKEY_fromdata_init(ctx) != 1 ||
-	    EVP_PKEY_fromdata(ctx, &pkey, EVP_PKEY_PUBLIC_KEY, params) != 1)
-		pkey = NULL;
-	EVP_PKEY_CTX_free(ctx);
-	return pkey;
-}
-
-/* Member name of a JWK, base64url-decoded into a new buffer (free() it),
- * or NULL when missing, not a string, or not base64url. */
-static unsigned char *member_b64(struct json_object *jwk, const char *name,
-				 size_t *len)
-{
-	const char *s;
-	size_t slen;
-	unsigned char *out;
-	long n;
-
-	if (member_string(jwk, name, &s, &slen) < 0 || s == NULL ||
-	    (out = malloc(slen * 3 / 4 + 1)) == NULL)
-		return NULL;
-	n = b64_decode(s, slen, out);
-	if (n <= 0) {
-		free(out);
-		return NULL;
-	}
-	*len = (size_t)n;
-	return out;
-}
-
-static EVP_PKEY *jwk_rsa(struct json_object *jwk)
-{
-	size_t nlen = 0, elen = 0;
-	unsigned char *n = member_b64(jwk, "n", &nlen), *e = member_b64(jwk, "e", &elen);
-	BIGNUM *bn = n ? BN_bin2bn(n, (int)nlen, NULL) : NULL;
-	BIGNUM *be = e ? BN_bin2bn(e, (int)elen, NULL) : NULL;
-	OSSL_PARAM_BLD *bld = OSSL_PARAM_BLD_new();
-	OSSL_PARAM *params = NULL;
-	EVP_PKEY *pkey = NULL;
-
-	if (bn != NULL && be != NULL && bld != NULL &&
-	    OSSL_PARAM_BLD_push_BN(bld, OSSL_PKEY_PARAM_RSA_N, bn) &&
-	    OSSL_PARAM_BLD_push_BN(bld, OSSL_PKEY_PARAM_RSA_E, be) &&
-	    (params = OSSL_PARAM_BLD_to_param(bld)) != NULL)
-		pkey = pkey_fromdata("RSA", params);
-	OSSL_PARAM_free(params);
-	OSSL_PARAM_BLD_free(bld);
-	BN_free(bn);
-	BN_free(be);
-	free(n);
-	free(e);
-	return pkey;
-}
-
-/* An EC key (x and y of exactly the curve's size), an Ed25519 key (x of
- * 32 bytes), or NULL. */
-static EVP_PKEY *jwk_point(struct json_object *jwk, const struct curve *cv)
-{
-	size_t xlen = 0, ylen = 0;
-	unsigned char *x = member_b64(jwk, "x", &xlen);
-	unsigned char *y = cv ? member_b64(jwk, "y", &ylen) : NULL;
-	unsigned char pt[1 + 2 * 66];
-	EVP_PKEY *pkey = NULL;
-
-	if (cv == NULL && x != NULL && xlen == 32) {
-		pkey = EVP_PKEY_new_raw_public_key_ex(NULL, "ED25519", NULL, x, xlen);
-	} else if (cv != NULL && x != NULL && y != NULL && xlen == cv->len &&
-		   ylen == cv->len) {
-		OSSL_PARAM params[] = {
-			OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME,
-							 (char *)cv->jwk, 0),
-			OSSL_PARAM_construct_octet_string(OSSL_PKEY_PARAM_PUB_KEY, pt,
-							  1 + 2 * cv->len),
-			OSSL_PARAM_construct_end(),
-		};
-
-		pt[0] = 0x04;		/* uncompressed: x || y */
-		memcpy(pt + 1, x, cv->len);
-		memcpy(pt + 1 + cv->len, y, cv->len);
-		pkey = pkey_fromdata("EC", params);
-	}
-	free(x);
-	free(y);
-	return pkey;
-}
-
-/* Key i of a JWKS: added, skipped (counted), or -1 with why. */
-static int jwk_load(struct jwt_keys *k, struct json_object *jwk, size_t i,
-		    char *why, size_t wl)
-{
-	const char *kty, *use, *alg, *kid, *crv;
-	size_t ktylen, uselen, alglen, kidlen, crvlen, klen = 0;
-	struct json_object *ops;
-	unsigned mask = ~0u;
-	unsigned char *secret;
-	EVP_PKEY *pkey = NULL;
-	char sub[200];
-	int a, rc;
-
-	if (!json_object_is_type(jwk, json_type_object) ||
-	    member_string(jwk, "kty", &kty, &ktylen) < 0 || kty == NULL ||
-	    member_string(jwk, "use", &use, &uselen) < 0 ||
-	    member_string(jwk, "alg", &alg, &alglen) < 0 ||
-	    member_string(jwk, "crv", &crv, &crvlen) < 0 ||
-	    member_string(jwk, "kid", &kid, &kidlen) < 0 ||
-	    (kid != NULL && strlen(kid) != kidlen)) {
-		say(why, wl, "key %zu: not a JWK (kty, and kid, use, alg, crv as strings)", i);
-		return -1;
-	}
-	if (strcmp(kty, "oct") != 0 && json_object_object_get_ex(jwk, "d", NULL)) {
-		say(why, wl, "key %zu is a private key (\"d\"): give the public JWK", i);
-		return -1;
-	}
-	if (use != NULL && strcmp(use, "sig") != 0)
-		goto skip;		/* "enc": not for signatures */
-	if (json_object_object_get_ex(jwk, "key_ops", &ops)) {
-		bool verify = false;
-
-		for (size_t j = 0; json_object_is_type(ops, json_type_array) &&
-				   j < json_object_array_length(ops); j++)
-			verify |= string_is(json_object_array_get_idx(ops, j), "verify");
-		if (!verify)
-			goto skip;
-	}
-	if (alg != NULL) {
-		if ((a = alg_find(alg, alglen)) < 0)
-			goto skip;	/* RSA-OAEP, none, ... */
-		mask = 1u << a;
-	}
-	if (strcmp(kty, "RSA") == 0) {
-		pkey = jwk_rsa(jwk);
-	} else if (strcmp(kty, "EC") == 0) {
-		const struct curve *cv = NULL;
-
-		for (size_t j = 0; j < sizeof(curves) / sizeof(curves[0]); j++)
-			if (crv != NULL && strcmp(crv, curves[j].jwk) == 0)
-				cv = &curves[j];
-		if (cv == NULL)
-			goto skip;	/* secp256k1, ... */
-		pkey = jwk_point(jwk, cv);
-	} else if (strcmp(kty, "OKP") == 0) {
-		if (crv == NULL || strcmp(crv, "Ed25519") != 0)
-			goto skip;	/* Ed448, X25519 */
-		pkey = jwk_point(jwk, NULL);
-	} else if (strcmp(kty, "oct") == 0) {
-		if ((secret = member_b64(jwk, "k", &klen)) == NULL) {
-			say(why, wl, "key %zu: \"k\" missing or not base64url", i);
-			return -1;
-		}
-		rc = keys_add(k, NULL, secret, klen, kid, mask, sub, sizeof(sub));
-		wipe_free(secret, klen);
-		goto added;
-	} else {
-		goto skip;
-	}
-	if (pkey == NULL) {
-		say(why, wl, "key %zu: a key of kty %s whose members are missing or "
-		    "wrong (base64url; a point of the curve's size, on it)", i, kty);
-		return -1;
-	}
-	rc = keys_add(k, pkey, NULL, 0, kid, mask, sub, sizeof(sub));
-added:
-	if (rc < 0)
-		say(why, wl, "key %zu: %s", i, sub);
-	return rc;
-skip:
-	k->skipped++;
-	return 0;
-}
-
-static int load_jwks(struct jwt_keys *k, const char *s, size_t len, char *why,
-		     size_t wl)
-{
-	struct json_object *root = json_parse_object(s, len), *list;
-	int rc = -1;
-
-	if (root == NULL) {
-		say(why, wl, "not a JSON object (strict JSON, UTF-8, each name once)");
-		goto out;
-	}
-	if (!json_object_object_get_ex(root, "keys", &list)) {
-		rc = jwk_load(k, root, 0, why, wl);	/* a single JWK */
-		goto out;
-	}
-	if (!json_object_is_type(list, json_type_array)) {
-		say(why, wl, "\"keys\" is not an array");
-		goto out;
-	}
-	for (size_t i = 0; i < json_object_array_length(list); i++)
-		if (jwk_load(k, json_object_array_get_idx(list, i), i, why, wl) < 0)
-			goto out;
-	rc = 0;
-out:
-	json_object_put(root);
-	return rc;
-}
-
-/* The public key of one PEM block, or NULL with why. */
-static EVP_PKEY *pem_block(const char *name, const unsigned char *der,
-			   long len, int i, char *why, size_t wl)
-{
-	const unsigned char *p = der;
-	EVP_PKEY *pkey = NULL;
-
-	if (strstr(name, "PRIVATE KEY") != NULL) {
-		say(why, wl, "PEM block %d is a private key: give the public key "
-		    "(openssl pkey -pubout)", i);
-		return NULL;
-	}
-	if (strcmp(name, "PUBLIC KEY") == 0) {
-		pkey = d2i_PUBKEY(NULL, &p, len);
-	} else if (strcmp(name, "RSA PUBLIC KEY") == 0) {
-		pkey = d2i_PublicKey(EVP_PKEY_RSA, NULL, &p, len);
-	} else if (strcmp(name, "CERTIFICATE") == 0) {
-		X509 *x = d2i_X509(NULL, &p, len);
-
-		pkey = x ? X509_get_pubkey(x) : NULL;
-		X509_free(x);
-	} else {
-		say(why, wl, "PEM block %d is a \"%.40s\": PUBLIC KEY, RSA PUBLIC KEY "
-		    "or CERTIFICATE is required", i, name);
-		return NULL;
-	}
-	if (pkey == NULL || p != der + len) {
-		say(why, wl, "PEM block %d (%s) does not parse", i, name);
-		EVP_PKEY_free(pkey);
-		return NULL;
-	}
-	return pkey;
-}
-
-static int load_pem(struct jwt_keys *k, const char *s, size_t len, char *why,
-		    size_t wl)
-{
-	BIO *bio = BIO_new_mem_buf(s, (int)len);
-	char *name = NULL, *header = NULL, sub[200];
-	unsigned char *der = NULL;
-	long dlen;
-	unsigned long e;
-	int i = 0, rc = -1;
-
-	if (bio == NULL) {
-		say(why, wl, "out of memory");
-		return -1;
-	}
-	ERR_clear_error();
-	while (PEM_read_bio(bio, &name, &header, &der, &dlen) == 1) {
-		EVP_PKEY *pkey = pem_block(name, der, dlen, ++i, why, wl);
-
-		OPENSSL_free(name);
-		OPENSSL_free(header);
-		OPENSSL_free(der);
-		if (pkey == NULL)
-			goto out;
-		if (keys_add(k, pkey, NULL, 0, NULL, ~0u, sub, sizeof(sub)) < 0) {
-			say(why, wl, "PEM block %d: %s", i, sub);
-			goto out;
-		}
-	}
-	/* the loop ends at the end of the text, or at a block it cannot read */
-	e = ERR_peek_last_error();
-	if (ERR_GET_LIB(e) != ERR_LIB_PEM || ERR_GET_REASON(e) != PEM_R_NO_START_LINE) {
-		say(why, wl, "PEM block %d does not parse", i + 1);
-		goto out;
-	}
-	rc = 0;
-out:
-	BIO_free(bio);
-	return rc;
-}
-
-/* The whole file read into a NUL-terminated buffer, or -1 with why. */
-static int read_file(const char *path, char **data, size_t *len, char *why,
-		     size_t wl)
-{
-	/* not blocking on a FIFO or a device: a key file is a file */
-	int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-	FILE *f = NULL;
-	char *buf = NULL;
-	struct stat st;
-	size_t n;
-
-	if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-	    (f = fdopen(fd, "rb")) == NULL) {
-		say(why, wl, "%s", fd < 0 ? strerror(errno) : "not a regular file");
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	if ((buf = malloc(FILE_MAX + 1)) == NULL) {
-		say(why, wl, "out of memory");
-		goto fail;
-	}
-	n = fread(buf, 1, FILE_MAX + 1, f);
-	if (ferror(f)) {
-		say(why, wl, "cannot read: %s", strerror(errno));
-		goto fail;
-	}
-	if (n == 0) {
-		say(why, wl, "an empty file");
-		goto fail;
-	}
-	if (n > FILE_MAX) {
-		say(why, wl, "larger than %d bytes", FILE_MAX);
-		goto fail;
-	}
-	fclose(f);
-	buf[n] = '\0';
-	*data = buf;
-	*len = n;
-	return 0;
-fail:
-	wipe_free(buf, FILE_MAX + 1);
-	fclose(f);
-	return -1;
-}
-
-struct jwt_keys *jwt_keys_load(const char *path, char *err, size_t errlen)
-{
-	struct jwt_keys *k = calloc(1, sizeof(*k));
-	char why[256] = "out of memory", *data = NULL;
-	size_t len = 0, lead;
-	int rc;
-
-	if (k == NULL || read_file(path, &data, &len, why, sizeof(why)) < 0)
-		goto fail;
-	lead = strspn(data, " \t\r\n");
-	if (data[lead] == '{') {
-		rc = load_jwks(k, data, len, why, sizeof(why));
-	} else if (memmem(data, len, "-----BEGIN ", 11) != NULL) {
-		rc = load_pem(k, data, len, why, sizeof(why));
-	} else {
-		while (len > 0 && (data[len - 1] == '\n' || data[len - 1] == '\r'))
-			len--;
-		rc = keys_add(k, NULL, data, len, NULL, ~0u, why, sizeof(why));
-	}
-	if (rc < 0)
-		goto fail;
-	if (k->n == 0) {
-		say(why, sizeof(why), "no usable key (%d skipped: other kty, crv, "
-		    "use or alg)", k->skipped);
-		goto fail;
-	}
-	wipe_free(data, FILE_MAX + 1);
-	ERR_clear_error();
-	return k;
-fail:
-	if (errlen > 0)
-		snprintf(err, errlen, "%s: %s", path, why);
-	wipe_free(data, FILE_MAX + 1);
-	jwt_keys_free(k);
-	ERR_clear_error();
-	return NULL;
-}
-
-void jwt_keys_free(struct jwt_keys *k)
-{
-	if (k == NULL)
-		return;
-	for (int i = 0; i < k->n; i++) {
-		EVP_PKEY_free(k->v[i].pkey);
-		OPENSSL_clear_free(k->v[i].secret, k->v[i].secret_len);
-		free(k->v[i].kid);
-	}
-	free(k);
-}
-
-int jwt_keys_count(const struct jwt_keys *k)
-{
-	return k->n;
-}
-
-int jwt_keys_skipped(const struct jwt_keys *k)
-{
-	return k->skipped;
-}
-
-unsigned jwt_keys_algs(const struct jwt_keys *k)
-{
-	unsigned m = 0;
-
-	for (int i = 0; i < k->n; i++)
-		m |= k->v[i].algs;
-	return m;
 }
 
 /* ---- the allow-list ---------------------------------------------------- */
@@ -757,16 +228,16 @@ int jwt_algs_parse(const char *list, unsigned *mask, char *why, size_t len)
 		while (e > s && (p[e - 1] == ' ' || p[e - 1] == '\t'))
 			e--;
 		if (s == e) {
-			say(why, len, p == list && p[n] == '\0' ? "no algorithm given" :
+			jwt_say(why, len, p == list && p[n] == '\0' ? "no algorithm given" :
 				      "an empty item in the list of algorithms");
 			return -1;
 		}
-		if ((a = alg_find(p + s, e - s)) < 0) {
+		if ((a = jwt_alg_find(p + s, e - s)) < 0) {
 			jwt_algs_format((1u << JWT_ALG_COUNT) - 1, all, sizeof(all));
 			if (e - s == 4 && memcmp(p + s, "none", 4) == 0)
-				say(why, len, "\"none\" is never accepted");
+				jwt_say(why, len, "\"none\" is never accepted");
 			else
-				say(why, len, "unknown algorithm \"%s\" (use %s)",
+				jwt_say(why, len, "unknown algorithm \"%s\" (use %s)",
 				    shown(p + s, e - s, buf), all);
 			return -1;
 		}
@@ -791,7 +262,7 @@ void jwt_algs_format(unsigned mask, char *buf, size_t len)
 
 		if (!(mask & (1u << a)))
 			continue;
-		w = snprintf(buf + n, len - n, "%s%s", n ? "," : "", algs[a].name);
+		w = snprintf(buf + n, len - n, "%s%s", n ? "," : "", jwt_algs[a].name);
 
 		if (w < 0 || (size_t)w >= len - n) {
 			buf[n] = '\0';	/* cut short at a name */
@@ -843,7 +314,7 @@ static enum jwt_error token_split(const char *t, size_t len, struct token *tk,
 	unsigned char *o;
 
 	if (len > JWT_TOKEN_MAX) {
-		say(why, wl, "The token is longer than %d bytes.", JWT_TOKEN_MAX);
+		jwt_say(why, wl, "The token is longer than %d bytes.", JWT_TOKEN_MAX);
 		return JWT_MALFORMED;
 	}
 	if (len > 0)
@@ -851,7 +322,7 @@ static enum jwt_error token_split(const char *t, size_t len, struct token *tk,
 	if (d1 != NULL)
 		d2 = memchr(d1 + 1, '.', len - (size_t)(d1 + 1 - t));
 	if (d2 == NULL || memchr(d2 + 1, '.', len - (size_t)(d2 + 1 - t)) != NULL) {
-		say(why, wl, "The token is not three base64url segments separated by dots.");
+		jwt_say(why, wl, "The token is not three base64url segments separated by dots.");
 		return JWT_MALFORMED;
 	}
 	if ((o = tk->buf = malloc(len)) == NULL)
@@ -860,10 +331,10 @@ static enum jwt_error token_split(const char *t, size_t len, struct token *tk,
 	ends[1] = d2;
 	ends[2] = t + len;
 	for (int i = 0; i < 3; i++) {
-		long n = b64_decode(start, (size_t)(ends[i] - start), o);
+		long n = jwt_b64_decode(start, (size_t)(ends[i] - start), o);
 
 		if (n <= 0) {
-			say(why, wl, "Segment %d of the token is empty or not unpadded base64url.",
+			jwt_say(why, wl, "Segment %d of the token is empty or not unpadded base64url.",
 			    i + 1);
 			return JWT_MALFORMED;
 		}
@@ -886,15 +357,15 @@ static enum jwt_error header_check(const struct jwt_check *c, const struct token
 	size_t nlen, tlen;
 	char buf[SHOWN_MAX + 4];
 
-	*hdr = json_parse_object((const char *)tk->hdr, tk->hlen);
-	if (*hdr == NULL || member_string(*hdr, "alg", &name, &nlen) < 0 ||
-	    member_string(*hdr, "kid", kid, kidlen) < 0 ||
-	    member_string(*hdr, "typ", &typ, &tlen) < 0 || name == NULL) {
-		say(why, wl, "The token's header is not a JSON object with a string \"alg\".");
+	*hdr = jwt_json_object((const char *)tk->hdr, tk->hlen);
+	if (*hdr == NULL || jwt_member_string(*hdr, "alg", &name, &nlen) < 0 ||
+	    jwt_member_string(*hdr, "kid", kid, kidlen) < 0 ||
+	    jwt_member_string(*hdr, "typ", &typ, &tlen) < 0 || name == NULL) {
+		jwt_say(why, wl, "The token's header is not a JSON object with a string \"alg\".");
 		return JWT_MALFORMED;
 	}
 	if (json_object_object_get_ex(*hdr, "crit", NULL)) {
-		say(why, wl, "The token's header lists critical extensions (\"crit\"), "
+		jwt_say(why, wl, "The token's header lists critical extensions (\"crit\"), "
 		    "which are not supported.");
 		return JWT_MALFORMED;
 	}
@@ -905,12 +376,12 @@ static enum jwt_error header_check(const struct jwt_check *c, const struct token
 	}
 	if (typ != NULL && !(tlen == 3 && strncasecmp(typ, "JWT", 3) == 0) &&
 	    !(tlen == 6 && strncasecmp(typ, "at+jwt", 6) == 0)) {
-		say(why, wl, "The token's typ \"%s\" is not JWT.", shown(typ, tlen, buf));
+		jwt_say(why, wl, "The token's typ \"%s\" is not JWT.", shown(typ, tlen, buf));
 		return JWT_MALFORMED;
 	}
-	*alg = alg_find(name, nlen);
+	*alg = jwt_alg_find(name, nlen);
 	if (*alg < 0 || !(c->algs & (1u << *alg))) {
-		say(why, wl, "The token's alg \"%s\" is not accepted.", shown(name, nlen, buf));
+		jwt_say(why, wl, "The token's alg \"%s\" is not accepted.", shown(name, nlen, buf));
 		return JWT_ALG_REFUSED;
 	}
 	return JWT_OK;
@@ -938,7 +409,7 @@ static int ecdsa_der(const unsigned char *sig, size_t len, unsigned char **der)
 
 /* Does key sign tk with alg a? Lengths are checked before: the caller
  * made sure siglen is a's, or the modulus' for RSA. */
-static bool signature_ok(const struct jwt_key *key, const struct alg *a,
+static bool signature_ok(const struct jwt_key *key, const struct jwt_alg_info *a,
 			 const struct token *tk)
 {
 	const unsigned char *msg = (const unsigned char *)tk->signed_part;
@@ -984,7 +455,7 @@ static enum jwt_error signature_check(const struct jwt_check *c, int alg,
 				      const char *kid, size_t kidlen,
 				      const struct token *tk, char *why, size_t wl)
 {
-	const struct alg *a = &algs[alg];
+	const struct jwt_alg_info *a = &jwt_algs[alg];
 	char buf[SHOWN_MAX + 4];
 	size_t want = 0;	/* a signature length that was not the token's */
 	int tried = 0, wrong_len = 0;
@@ -1015,19 +486,19 @@ static enum jwt_error signature_check(const struct jwt_check *c, int alg,
 	 * calling SSL_get_error() would take them for its own */
 	ERR_clear_error();
 	if (tried > 0 && wrong_len == tried) {
-		say(why, wl, "The token's %s signature is %zu bytes, not %zu.", a->name,
+		jwt_say(why, wl, "The token's %s signature is %zu bytes, not %zu.", a->name,
 		    tk->slen, want);
 		return JWT_BAD_SIGNATURE;
 	}
 	if (tried > 0) {
-		say(why, wl, "The token's signature does not verify.");
+		jwt_say(why, wl, "The token's signature does not verify.");
 		return JWT_BAD_SIGNATURE;
 	}
 	if (kid != NULL)
-		say(why, wl, "No %s key has the token's kid \"%s\".", a->name,
+		jwt_say(why, wl, "No %s key has the token's kid \"%s\".", a->name,
 		    shown(kid, kidlen, buf));
 	else
-		say(why, wl, "No key verifies %s.", a->name);
+		jwt_say(why, wl, "No key verifies %s.", a->name);
 	return JWT_NO_KEY;
 }
 
@@ -1076,32 +547,32 @@ static enum jwt_error claims_check(const struct jwt_check *c, struct json_object
 	bool aud_ok = false;
 
 	if (has_exp < 0 || has_nbf < 0) {
-		say(why, wl, "The token's %s is not a number.", has_exp < 0 ? "exp" : "nbf");
+		jwt_say(why, wl, "The token's %s is not a number.", has_exp < 0 ? "exp" : "nbf");
 		return JWT_MALFORMED;
 	}
 	if (has_exp && beyond(c->now, exp, c->leeway_s)) {
-		say(why, wl, "The token expired at %lld.", (long long)exp);
+		jwt_say(why, wl, "The token expired at %lld.", (long long)exp);
 		return JWT_EXPIRED;
 	}
 	if (has_nbf && beyond(nbf, c->now, c->leeway_s)) {
-		say(why, wl, "The token is not valid before %lld.", (long long)nbf);
+		jwt_say(why, wl, "The token is not valid before %lld.", (long long)nbf);
 		return JWT_NOT_YET;
 	}
 	if (c->issuer != NULL && (!json_object_object_get_ex(p, "iss", &v) ||
-				  !string_is(v, c->issuer))) {
-		say(why, wl, "The token's issuer (iss) is not the one expected.");
+				  !jwt_string_is(v, c->issuer))) {
+		jwt_say(why, wl, "The token's issuer (iss) is not the one expected.");
 		return JWT_BAD_ISSUER;
 	}
 	if (c->audience == NULL)
 		return JWT_OK;
 	if (json_object_object_get_ex(p, "aud", &v)) {
-		aud_ok = string_is(v, c->audience);
+		aud_ok = jwt_string_is(v, c->audience);
 		for (size_t i = 0; json_object_is_type(v, json_type_array) &&
 				   i < json_object_array_length(v); i++)
-			aud_ok |= string_is(json_object_array_get_idx(v, i), c->audience);
+			aud_ok |= jwt_string_is(json_object_array_get_idx(v, i), c->audience);
 	}
 	if (!aud_ok) {
-		say(why, wl, "The token's audience (aud) does not include this service.");
+		jwt_say(why, wl, "The token's audience (aud) does not include this service.");
 		return JWT_BAD_AUDIENCE;
 	}
 	return JWT_OK;
@@ -1116,7 +587,7 @@ static enum jwt_error claim_copy(struct json_object *p, const char *claim,
 	size_t len;
 
 	if (!json_object_object_get_ex(p, claim, &v) || v == NULL) {
-		say(why, wl, "The token has no \"%s\" claim.", claim);
+		jwt_say(why, wl, "The token has no \"%s\" claim.", claim);
 		return JWT_NO_CLAIM;
 	}
 	if (json_object_is_type(v, json_type_int)) {
@@ -1124,7 +595,7 @@ static enum jwt_error claim_copy(struct json_object *p, const char *claim,
 		uint64_t u = json_object_get_uint64(v);
 
 		if (i == INT64_MIN || u == UINT64_MAX) {
-			say(why, wl, "The token's \"%s\" claim is too large a number.", claim);
+			jwt_say(why, wl, "The token's \"%s\" claim is too large a number.", claim);
 			return JWT_NO_CLAIM;
 		}
 		if (i == INT64_MAX)		/* or beyond: json-c keeps a uint64 */
@@ -1134,14 +605,14 @@ static enum jwt_error claim_copy(struct json_object *p, const char *claim,
 		return JWT_OK;
 	}
 	if (!json_object_is_type(v, json_type_string)) {
-		say(why, wl, "The token's \"%s\" claim is neither a string nor an integer.",
+		jwt_say(why, wl, "The token's \"%s\" claim is neither a string nor an integer.",
 		    claim);
 		return JWT_NO_CLAIM;
 	}
 	s = json_object_get_string(v);
 	len = (size_t)json_object_get_string_len(v);
 	if (len == 0 || len > JWT_CLAIM_MAX || memchr(s, '\0', len) != NULL) {
-		say(why, wl, "The token's \"%s\" claim is empty, longer than %d bytes "
+		jwt_say(why, wl, "The token's \"%s\" claim is empty, longer than %d bytes "
 		    "or holds a NUL.", claim, JWT_CLAIM_MAX);
 		return JWT_NO_CLAIM;
 	}
@@ -1161,14 +632,14 @@ enum jwt_error jwt_verify(const struct jwt_check *c, const char *token,
 	enum jwt_error rc;
 	int alg = -1;
 
-	say(why, whylen, "%s", "");
+	jwt_say(why, whylen, "%s", "");
 	out[0] = '\0';
 	if ((rc = token_split(token, len, &tk, why, whylen)) != JWT_OK ||
 	    (rc = header_check(c, &tk, &alg, &kid, &kidlen, &hdr, why, whylen)) != JWT_OK ||
 	    (rc = signature_check(c, alg, kid, kidlen, &tk, why, whylen)) != JWT_OK)
 		goto out;
-	if ((pay = json_parse_object((const char *)tk.pay, tk.plen)) == NULL) {
-		say(why, whylen, "The token's claims are not a JSON object.");
+	if ((pay = jwt_json_object((const char *)tk.pay, tk.plen)) == NULL) {
+		jwt_say(why, whylen, "The token's claims are not a JSON object.");
 		rc = JWT_MALFORMED;
 		goto out;
 	}
@@ -1178,7 +649,7 @@ out:
 	if (rc != JWT_OK)
 		out[0] = '\0';
 	if (rc == JWT_NOMEM)
-		say(why, whylen, "Out of memory.");
+		jwt_say(why, whylen, "Out of memory.");
 	json_object_put(hdr);
 	json_object_put(pay);
 	free(tk.buf);
