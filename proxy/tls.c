@@ -229,11 +229,12 @@ static char *first_san(X509 *x)
 		case GEN_URI: type = "URI:"; a = g->d.uniformResourceIdentifier; break;
 		case GEN_EMAIL: type = "email:"; a = g->d.rfc822Name; break;
 		case GEN_IPADD:
-			if (inet_ntop(g->d.iPAddress->length == 4 ? AF_INET :
+			/* the length first: an 8-byte "address" is no IPv6 */
+			if ((g->d.iPAddress->length != 4 &&
+			     g->d.iPAddress->length != 16) ||
+			    inet_ntop(g->d.iPAddress->length == 4 ? AF_INET :
 				      AF_INET6, g->d.iPAddress->data, ip,
-				      sizeof(ip)) == NULL ||
-			    (g->d.iPAddress->length != 4 &&
-			     g->d.iPAddress->length != 16))
+				      sizeof(ip)) == NULL)
 				continue;
 			type = "IP:";
 			v = ip;
