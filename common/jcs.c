@@ -23,65 +23,64 @@
 
 #include "jsontext.h"
 
-/* The next number of the text as a json-c double, or NULL. */
-static struct json_object *next_number(const struct jsontext *t, size_t *num)
-{
-	if (*num >= t->nnum)
-		return NULL;
-	return json_object_new_double(t->numbers[(*num)++]);
-}
-
 /*
  * Does the tree json-c made of v hold what the text says, each object as
- * many members as the text wrote (no name twice)? Its numbers are replaced
- * by the text's. *obj and *num walk t in the order jsontext_scan() filled
- * it.
+ * many members as the text wrote (no name twice)? v with its numbers
+ * replaced by the text's - or, when v is a number itself, the text's as a
+ * new value for the caller to put where v was - or NULL when it does not
+ * (v is not NULL: json-c's null, which holds nothing to check).
+ * *obj and *num walk t in the order jsontext_scan() filled it.
  */
-static bool adopt(struct json_object *v, const struct jsontext *t, size_t *obj,
-		  size_t *num)
+static struct json_object *adopt(struct json_object *v,
+				 const struct jsontext *t, size_t *obj,
+				 size_t *num)
 {
-	struct json_object *d;
+	struct json_object *c;
 
 	switch (json_object_get_type(v)) {
+	case json_type_int:
+	case json_type_double:
+		return *num < t->nnum ?
+		       json_object_new_double(t->numbers[(*num)++]) : NULL;
 	case json_type_object:
 		if (*obj >= t->nobj ||
 		    (size_t)json_object_object_length(v) != t->members[(*obj)++])
-			return false;
+			return NULL;
 		json_object_object_foreach(v, name, member) {
-			if (json_object_is_type(member, json_type_int) ||
-			    json_object_is_type(member, json_type_double)) {
-				/* replaces the value in place, no relinking */
-				if ((d = next_number(t, num)) == NULL ||
-				    json_object_object_add(v, name, d) < 0)
-					return false;
-			} else if (!adopt(member, t, obj, num)) {
-				return false;
+			if (member == NULL)
+				continue;	/* null: json-c's NULL */
+			/* a replaced value goes in place, no relinking */
+			if ((c = adopt(member, t, obj, num)) == NULL)
+				return NULL;
+			if (c != member && json_object_object_add(v, name, c) < 0) {
+				json_object_put(c);
+				return NULL;
 			}
 		}
-		return true;
+		return v;
 	case json_type_array:
 		for (size_t i = 0; i < json_object_array_length(v); i++) {
 			struct json_object *e = json_object_array_get_idx(v, i);
 
-			if (json_object_is_type(e, json_type_int) ||
-			    json_object_is_type(e, json_type_double)) {
-				if ((d = next_number(t, num)) == NULL ||
-				    json_object_array_put_idx(v, i, d) < 0)
-					return false;
-			} else if (!adopt(e, t, obj, num)) {
-				return false;
+			if (e == NULL)
+				continue;
+			if ((c = adopt(e, t, obj, num)) == NULL)
+				return NULL;
+			if (c != e && json_object_array_put_idx(v, i, c) < 0) {
+				json_object_put(c);
+				return NULL;
 			}
 		}
-		return true;
+		return v;
 	default:
-		return true;
+		return v;
 	}
 }
 
 struct json_object *jcs_parse(const char *body, size_t len)
 {
 	struct json_tokener *tok;
-	struct json_object *root;
+	struct json_object *root, *adopted = NULL;
 	struct jsontext t;
 	size_t obj = 0, num = 0;
 	bool ok;
@@ -99,14 +98,11 @@ struct json_object *jcs_parse(const char *body, size_t len)
 	if (root == NULL || json_tokener_get_error(tok) != json_tokener_success)
 		goto fail;
 	json_tokener_free(tok);
-	ok = jsontext_scan(body, len, JCS_DEPTH_MAX, &t) == 0;
-	if (ok && (json_object_is_type(root, json_type_int) ||
-		   json_object_is_type(root, json_type_double))) {
+	ok = jsontext_scan(body, len, JCS_DEPTH_MAX, &t) == 0 &&
+	     (adopted = adopt(root, &t, &obj, &num)) != NULL;
+	if (ok && adopted != root) {	/* a bare number */
 		json_object_put(root);
-		root = next_number(&t, &num);
-		ok = root != NULL;
-	} else if (ok) {
-		ok = adopt(root, &t, &obj, &num);
+		root = adopted;
 	}
 	ok = ok && obj == t.nobj && num == t.nnum;
 	jsontext_free(&t);
