@@ -360,6 +360,7 @@ static void fill_request(const struct keyed_head *h, const struct keyed_key *k,
 	scope_of(h, k, req->claim.key.scope);
 	req->claim.lease_ms = p->lease_ms;
 	req->claim.ttl_ms = p->ttl_ms;
+	req->claim.wait = p->in_flight == IN_FLIGHT_WAIT && p->wait_timeout_ms > 0;
 	req->cfg = h->cfg;		/* idem_start takes a reference */
 	req->policy = p;
 	req->head_method = h->method == HTTP_HEAD;

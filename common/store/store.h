@@ -132,6 +132,8 @@ struct store_claim {
 	uint8_t fp[FP_LEN];
 	uint64_t lease_ms;	/* in-flight lease */
 	uint64_t ttl_ms;	/* record lifetime (in flight: from the claim) */
+	bool wait;		/* an answer in flight is waited for (watch):
+				 * the store makes its completion wake us */
 };
 
 /* The operations a backend implements; see the wrappers below. */

@@ -38,11 +38,13 @@
  *
  * Waiting: completion and release NOTIFY channel "idemproxy" with the
  * payload "<scope>:<key>"; each thread's listener connection wakes its
- * waiters. A release notifies in its own transaction; a batch's
- * completions are announced after it committed, by a transaction of their
- * own that does not wait for its WAL flush (store_pg_wake_sql), so that
- * notifying commits, which PostgreSQL serialises, never hold that lock
- * through a flush. A waiter also wakes every PG_POLL_MS to claim again, so
+ * waiters. A release notifies in its own transaction. A completion is
+ * announced only when a waiter marked its record (a claim with
+ * store_claim.wait that found it in flight: idemproxy_claim5), after the
+ * batch committed, by a transaction of its own that does not wait for its
+ * WAL flush (store_pg_wake_sql), so that notifying commits, which
+ * PostgreSQL serialises, never hold that lock through a flush; a key
+ * nobody waits for wakes nobody. A waiter also wakes every PG_POLL_MS to claim again, so
  * a lost notification (listener reconnecting, a crash between the two
  * commits) costs at most that much latency.
  */
@@ -94,7 +96,8 @@
 
 /*
  * $1 scope, $2 key, $3 fingerprint, $4 owner, $5 lease ms, $6 ttl ms, $7
- * the key's lock (pg_lock_id()). idemproxy_claim4 (store_pg_schema.c):
+ * the key's lock (pg_lock_id()), $8 whether the caller waits for a record
+ * in flight. idemproxy_claim5 (store_pg_schema.c):
  *
  * The key's advisory lock first (one claim of a key at a time, whatever
  * partition each would write), then a read in a statement newer than the
@@ -119,17 +122,23 @@
  */
 const char store_pg_claim_sql[] =
 	"SELECT state, fingerprint, status, headers, body, ttl_left, part_hint\n"
-	"  FROM idemproxy_claim4($1, $2, $3, $4, $5, $6, $7)";
+	"  FROM idemproxy_claim5($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /*
  * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
- * stored), $7 ttl ms, $8 the claim's part hint. One row ('completed'; the
- * waiters are woken after the commit, store_pg_wake_sql) when this owner
- * holds the key: in flight (the response is
- * stored) or completed already (a re-sent completion whose first attempt
- * committed: the row is written again, unchanged); no row when fenced. A
- * completed row keeps its owner,
- * which is what makes the re-send recognisable.
+ * stored), $7 ttl ms, $8 the claim's part hint. One row ('completed', and
+ * whether a waiter marked the record: then the waiters are woken after the
+ * commit, store_pg_wake_sql) when this owner holds the key: in flight (the
+ * response is stored) or completed already (a re-sent completion whose
+ * first attempt committed: the row is written again, unchanged); no row
+ * when fenced. A completed row keeps its owner, which is what makes the
+ * re-send recognisable.
+ *
+ * watched is read as the row is written: a waiter's claim marks the row
+ * with an UPDATE too, so the row lock orders the two. A mark committed
+ * first is seen here (an UPDATE that waited for the row re-reads it); a
+ * mark that comes after finds the row completed and the waiter claims
+ * again. A key nobody waits for costs no wake-up at all.
  *
  * One UPDATE for both, never a read: the first attempt's commit may not
  * have reached the synchronous standby (a cancelled wait, a connection cut
@@ -155,12 +164,12 @@ const char store_pg_complete_sql[] =
 	"         state = 'completed', lease_until = NULL\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3\n"
 	"     AND state IN ('in_flight', 'completed') AND " PART_SINCE("$8") "\n"
-	"  RETURNING 1)\n"
-	"SELECT 'completed'::text FROM u";
+	"  RETURNING watched)\n"
+	"SELECT 'completed'::text, watched IS TRUE FROM u";
 
 /*
- * $1 text[]: "<scope>:<key>" of each completion of a batch, sent after the
- * batch's Sync, so it runs once the completions committed. PostgreSQL
+ * $1 text[]: "<scope>:<key>" of each completion of a batch that a waiter
+ * had marked, sent once the batch committed. PostgreSQL
  * serialises the commits of notifying transactions on one lock held to the
  * end of the commit; with synchronous_commit off for this transaction the
  * lock is held for no WAL flush, and the completions themselves share
@@ -574,7 +583,8 @@ int pg_send_op(struct pg_conn *c, struct pg_op *o)
 		v[0] = o->key.scope; v[1] = o->key.key;
 		v[2] = (const char *)o->fp; len[2] = FP_LEN; fmt[2] = 1;
 		v[3] = o->owner; v[4] = lease; v[5] = ttl; v[6] = lock;
-		n = 7;
+		v[7] = o->wait ? "true" : "false";
+		n = 8;
 		break;
 	case PG_COMPLETE:
 		snprintf(status, sizeof(status), "%d", o->resp->status);
@@ -631,6 +641,16 @@ static char *array_escape(char *p, const char *s)
 	return p;
 }
 
+/* Whether completion o, committed, found its record marked by a waiter. */
+static bool watched(const struct pg_op *o)
+{
+	const PGresult *r = o->result;
+
+	return o->kind == PG_COMPLETE && r != NULL && PQntuples(r) == 1 &&
+	       PQnfields(r) == 2 && PQgetlength(r, 0, 1) == 1 &&
+	       *PQgetvalue(r, 0, 1) == 1;
+}
+
 int pg_send_wake(struct pg_conn *c)
 {
 	struct pg_op *o;
@@ -640,7 +660,7 @@ int pg_send_wake(struct pg_conn *c)
 	int n = 0, rc;
 
 	TAILQ_FOREACH(o, &c->batch, link)
-		if (o->kind == PG_COMPLETE) {
+		if (watched(o)) {
 			size += 4 + 2 * (strlen(o->key.scope) + strlen(o->key.key));
 			n++;
 		}
@@ -651,7 +671,7 @@ int pg_send_wake(struct pg_conn *c)
 		return -1;
 	*p++ = '{';
 	TAILQ_FOREACH(o, &c->batch, link) {
-		if (o->kind != PG_COMPLETE)
+		if (!watched(o))
 			continue;
 		if (p > lit + 1)
 			*p++ = ',';
@@ -664,7 +684,8 @@ int pg_send_wake(struct pg_conn *c)
 	*p++ = '}';
 	*p = '\0';
 	v[0] = lit;
-	rc = PQsendQueryPrepared(c->pg, "idem_wake", 1, v, NULL, NULL, 0) ? 1 : -1;
+	rc = PQsendQueryPrepared(c->pg, "idem_wake", 1, v, NULL, NULL, 0) &&
+	     PQpipelineSync(c->pg) == 1 ? 1 : -1;
 	free(lit);
 	return rc;
 }
@@ -682,7 +703,7 @@ static struct store_op *pg_claim(struct store *st, struct event_base *base,
 	memcpy(o->fp, c->fp, FP_LEN);
 	o->lease_ms = c->lease_ms;
 	o->ttl_ms = c->ttl_ms;
-	o->lock = pg_lock_id(&c->key);
+	o->wait = c->wait;
 	if (store_new_owner(o->owner) < 0) {
 		pg_op_finish(o, STORE_ERROR);
 		return &o->op;
@@ -974,7 +995,7 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 		     "SET jit = off;\n"
 		     /* see PG_MALLOC_PAD */
 		     "SELECT length(repeat('x', " PG_MALLOC_PAD "));\n"
-		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint) AS %s;\n"
+		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint, boolean) AS %s;\n"
 		     "PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint, bigint) AS %s;\n"
 		     "PREPARE idem_release (text, text, text, bigint) AS %s;\n"
 		     "PREPARE idem_extend (text, text, text, bigint, bigint) AS %s;\n"

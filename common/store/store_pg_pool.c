@@ -126,8 +126,10 @@ struct pg_op *pg_op_alloc(struct pg_local *l, enum pg_kind kind,
 	o->local = l;
 	o->cb = cb;
 	o->arg = arg;
-	if (k != NULL)
+	if (k != NULL) {
 		o->key = *k;
+		o->lock = pg_lock_id(k);
+	}
 	o->deadline_ms = clock_ms() + PG_OP_TIMEOUT_MS;
 	o->ev = event_new(l->base, -1, 0, op_ev_cb, o);
 	if (o->ev == NULL) {
@@ -314,7 +316,6 @@ static void conn_fail(struct pg_conn *c, const char *why)
 	c->state = PGC_DOWN;
 	c->unacked = false;
 	c->read_only = false;
-	c->wake_sent = false;
 	c->waking = false;
 	delay = c->backoff_ms;
 	c->backoff_ms = c->backoff_ms * 2 > PG_BACKOFF_MAX_MS ?
@@ -895,6 +896,7 @@ static void wake_result(struct pg_conn *c, PGresult *r)
 static void batch_result(struct pg_conn *c, PGresult *r)
 {
 	struct pg_op *o = c->reading;
+	int wake;
 
 	if (c->waking) {
 		wake_result(c, r);
@@ -915,20 +917,28 @@ static void batch_result(struct pg_conn *c, PGresult *r)
 				  "the primary)");
 			return;
 		}
-		if (c->wake_sent) {
-			/* outcomes now; busy until the wake-up answers */
-			c->wake_sent = false;
+		if (c->unacked && !c->batch_failed) {
+			evtimer_del(c->timer);
+			c->state = PGC_IDLE;
+			batch_unacked(c);
+			return;
+		}
+		c->unacked = false;
+		/* committed: the waiters of its completions are woken by a
+		 * transaction of their own; the connection stays busy until
+		 * that answers (its deadline still running) */
+		wake = c->batch_failed ? 0 : pg_send_wake(c);
+		if (wake == 1) {
 			c->waking = true;
 		} else {
 			evtimer_del(c->timer);
 			c->state = PGC_IDLE;
 		}
-		if (c->unacked && !c->batch_failed) {
-			batch_unacked(c);
-			return;
-		}
-		c->unacked = false;
-		batch_done(c);
+		batch_done(c);		/* outcomes now */
+		if (wake < 0)
+			conn_fail(c, "send failed");
+		else if (wake == 1)
+			flush(c);
 		return;
 	case PGRES_TUPLES_OK:
 	case PGRES_COMMAND_OK:
@@ -1034,36 +1044,44 @@ static void io_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/* A batch's operation, and where it was queued. */
+struct ranked {
+	struct pg_op *o;
+	int at;
+};
+
 static int by_lock(const void *a, const void *b)
 {
-	int64_t x = (*(struct pg_op *const *)a)->lock;
-	int64_t y = (*(struct pg_op *const *)b)->lock;
+	const struct ranked *x = a, *y = b;
 
-	return x < y ? -1 : x > y;
+	if (x->o->lock != y->o->lock)
+		return x->o->lock < y->o->lock ? -1 : 1;
+	return x->at - y->at;	/* one key's operations: as queued */
 }
 
 /*
- * Put the claims of batch first, in the order of their keys' locks: two
- * batches then take the locks they share in the same order and never wait
- * for each other (a claim holds its key's lock until the commit).
+ * Put the operations of batch in the order of their keys' locks. A claim
+ * holds its key's advisory lock until the commit, and a claim that marks a
+ * record, takes it over or inserts it, a completion, a release, an
+ * extension and a purge hold the key's row: every batch then takes the
+ * locks it shares with another in the same order, and two batches never
+ * wait for each other in a cycle.
  */
-static void order_claims(struct pg_ops *batch)
+static void order_batch(struct pg_ops *batch)
 {
-	struct pg_op *claims[PG_BATCH_MAX], *o, *next;
+	struct ranked ops[PG_BATCH_MAX];
+	struct pg_op *o;
 	int n = 0;
 
-	for (o = TAILQ_FIRST(batch); o != NULL; o = next) {
-		next = TAILQ_NEXT(o, link);
-		if (o->kind == PG_CLAIM) {
-			TAILQ_REMOVE(batch, o, link);
-			claims[n++] = o;
-		}
+	while ((o = TAILQ_FIRST(batch)) != NULL && n < PG_BATCH_MAX) {
+		TAILQ_REMOVE(batch, o, link);
+		ops[n].o = o;
+		ops[n].at = n;
+		n++;
 	}
-	qsort(claims, (size_t)n, sizeof(claims[0]), by_lock);
-	while (n > 0) {
-		o = claims[--n];	/* the macro uses its argument twice */
-		TAILQ_INSERT_HEAD(batch, o, link);
-	}
+	qsort(ops, (size_t)n, sizeof(ops[0]), by_lock);
+	for (int i = 0; i < n; i++)
+		TAILQ_INSERT_TAIL(batch, ops[i].o, link);
 }
 
 /*
@@ -1093,26 +1111,13 @@ static void send_batch(struct pg_conn *c)
 		if (alone)
 			break;
 	}
-	order_claims(&c->batch);
+	order_batch(&c->batch);
 	TAILQ_FOREACH(o, &c->batch, link)
 		if (pg_send_op(c, o) < 0) {
 			conn_fail(c, "send failed");
 			return;
 		}
 	if (PQpipelineSync(c->pg) != 1) {
-		conn_fail(c, "send failed");
-		return;
-	}
-	c->wake_sent = false;
-	switch (pg_send_wake(c)) {
-	case 1:
-		if (PQpipelineSync(c->pg) != 1) {
-			conn_fail(c, "send failed");
-			return;
-		}
-		c->wake_sent = true;
-		break;
-	case -1:
 		conn_fail(c, "send failed");
 		return;
 	}

@@ -91,7 +91,8 @@ struct pg_op {
 	char hint[24];			/* owner ops: the claim's part hint
 					 * (decimal Unix ms), "": none */
 	uint64_t lease_ms, ttl_ms;
-	int64_t lock;			/* claim: pg_lock_id(&key), once */
+	int64_t lock;			/* pg_lock_id(&key): the batch order */
+	bool wait;			/* claim: store_claim.wait */
 	struct stored_response *resp;
 	bool body;			/* inspect: the stored response too */
 };
@@ -135,7 +136,6 @@ struct pg_conn {
 	struct pg_ops batch;		/* BUSY: the batch's operations, in order */
 	struct pg_op *reading;		/* whose result comes next; NULL: Sync */
 	bool batch_failed;		/* an error: the transaction rolled back */
-	bool wake_sent;			/* BUSY: a wake-up follows the batch */
 	bool waking;			/* BUSY: the batch answered, its wake-up
 					 * not yet */
 	int backoff_ms;
@@ -219,8 +219,9 @@ int pg_convert(PGconn *pg, uint64_t width_ms, char *err, size_t errlen);
 const char *pg_stmt_name(enum pg_kind kind);
 /* Queue o's statement in c's pipeline. 0 or -1. */
 int pg_send_op(struct pg_conn *c, struct pg_op *o);
-/* Queue the wake-up of c's batch's completions (a transaction of its own,
- * after the batch's Sync): 1 sent, 0 nothing to wake, -1 failed. */
+/* Send the wake-up of the completions of c's committed batch that waiters
+ * marked (a transaction of its own, and its Sync): 1 sent, 0 nothing to
+ * wake, -1 failed. */
 int pg_send_wake(struct pg_conn *c);
 /* The advisory lock a claim of k takes before it inserts or takes over
  * (idemproxy_claim3): SipHash-2-4 of "scope\0key" under a fixed key, the

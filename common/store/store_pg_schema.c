@@ -14,7 +14,7 @@
  * only within each partition, so a claim that would insert or take over
  * first takes a transaction-level advisory lock on the key and then reads
  * again, in a statement whose snapshot is newer than the lock
- * (idemproxy_claim4): two claims of one key are serialised whatever
+ * (idemproxy_claim5): two claims of one key are serialised whatever
  * partition each would write, and at most one row of a key exists.
  *
  * A table of an earlier version (not partitioned) gets the part_at column
@@ -34,7 +34,7 @@
 
 /* Marks the functions as this version's: a database whose functions an
  * earlier version created gets them replaced. Change it with them. */
-#define SCHEMA_MARK "idemproxy schema 5"
+#define SCHEMA_MARK "idemproxy schema 6"
 
 /* In pieces: C compilers need not take longer literals. */
 static const char *const schema_parts[] = {
@@ -43,9 +43,12 @@ static const char *const schema_parts[] = {
 	"DO $migrate$ BEGIN\n"
 	"IF to_regclass('idempotency_keys_parts') IS NULL\n"
 	"   OR to_regclass('idempotency_keys') IS NULL\n"
-	"   OR to_regprocedure('idemproxy_claim4(text,text,bytea,text,bigint,bigint,bigint)') IS NULL\n"
+	"   OR to_regprocedure('idemproxy_claim5(text,text,bytea,text,bigint,bigint,bigint,boolean)') IS NULL\n"
 	"   OR to_regprocedure('idemproxy_part_hint(timestamptz)') IS NULL\n"
 	"   OR to_regprocedure('idemproxy_parts_plan(bigint)') IS NULL\n"
+	"   OR NOT EXISTS (SELECT 1 FROM pg_attribute\n"
+	"                   WHERE attrelid = to_regclass('idempotency_keys')\n"
+	"                     AND attname = 'watched' AND NOT attisdropped)\n"
 	"   -- the functions of this version (replaced when they change)\n"
 	"   OR obj_description(to_regprocedure('idemproxy_parts_plan(bigint)'),\n"
 	"                      'pg_proc') IS DISTINCT FROM '" SCHEMA_MARK "' THEN\n"
@@ -219,9 +222,12 @@ static const char *const schema_parts[] = {
 	"$hint$;\n",
 	"-- One claim (store_pg.c store_pg_claim_sql). part_hint: a lower bound\n"
 	"-- (Unix ms) of the won row's part_at, for the owner's later statements\n"
-	"-- to prune partitions with; NULL when there is none.\n"
-	"CREATE OR REPLACE FUNCTION idemproxy_claim4(p_scope text, p_key text,\n"
+	"-- to prune partitions with; NULL when there is none. p_wait: the caller\n"
+	"-- waits for a record in flight, which is marked watched so that its\n"
+	"-- completion wakes the waiters (store_pg_complete_sql).\n"
+	"CREATE OR REPLACE FUNCTION idemproxy_claim5(p_scope text, p_key text,\n"
 	"    p_fp bytea, p_owner text, p_lease bigint, p_ttl bigint, p_lock bigint,\n"
+	"    p_wait boolean,\n"
 	"    OUT state text, OUT fingerprint bytea, OUT status int, OUT headers bytea,\n"
 	"    OUT body bytea, OUT ttl_left bigint, OUT part_hint bigint)\n"
 	"RETURNS SETOF record LANGUAGE plpgsql AS $claim$\n"
@@ -238,7 +244,7 @@ static const char *const schema_parts[] = {
 	"  -- holder committed\n"
 	"  PERFORM pg_advisory_xact_lock(p_lock);\n"
 	"  SELECT k.state, k.fingerprint, k.status, k.headers, k.body, k.owner,\n"
-	"         k.part_at, k.expires_at <= now() AS expired,\n"
+	"         k.part_at, k.watched, k.expires_at <= now() AS expired,\n"
 	"         (k.state = 'in_flight' AND k.lease_until <= now()) AS lapsed,\n"
 	"         greatest(0, extract(epoch FROM k.expires_at - now()) * 1000)::bigint\n"
 	"           AS ttl_left\n"
@@ -263,11 +269,24 @@ static const char *const schema_parts[] = {
 	"  END IF;\n"
 	"  IF have AND NOT (c.owner IS DISTINCT FROM p_owner AND\n"
 	"                   (c.expired OR (c.lapsed AND c.fingerprint = p_fp))) THEN\n"
+	"    IF p_wait AND c.state = 'in_flight' AND c.fingerprint = p_fp AND\n"
+	"       c.watched IS NOT TRUE THEN\n"
+	"      -- a waiter: its completion must wake it. The row lock orders this\n"
+	"      -- with the owner's completion (which reads watched as it writes):\n"
+	"      -- either that sees the mark, or this finds the row completed\n"
+	"      UPDATE idempotency_keys k SET watched = true\n"
+	"       WHERE k.scope = p_scope AND k.key = p_key AND k.state = 'in_flight'\n"
+	"         AND k.part_at >= c.part_at AND k.watched IS NOT TRUE;\n"
+	"      IF NOT FOUND THEN\n"
+	"        RETURN;               -- changed meanwhile: claim again\n"
+	"      END IF;\n"
+	"    END IF;\n"
 	"    state := c.state; fingerprint := c.fingerprint; status := c.status;\n"
 	"    headers := c.headers; body := c.body; ttl_left := c.ttl_left;\n"
 	"    RETURN NEXT;\n"
 	"    RETURN;\n"
-	"  END IF;\n"
+	"  END IF;\n",
+	/* claim, continued */
 	"  -- a partition for the row: this session remembers how far they reach,\n"
 	"  -- and looks again only when that is close\n"
 	"  horizon := current_setting('idemproxy.parts_hi', true);\n"
@@ -293,6 +312,8 @@ static const char *const schema_parts[] = {
 	"       SET fingerprint = p_fp, state = 'in_flight', owner = p_owner,\n"
 	"           lease_until = now() + p_lease * interval '1 millisecond',\n"
 	"           status = NULL, headers = NULL, body = NULL, created_at = now(),\n"
+	"           -- the waiters of a lapsed request wait for this one\n"
+	"           watched = CASE WHEN k.state = 'in_flight' THEN k.watched END,\n"
 	"           expires_at = now() + greatest(p_lease, p_ttl) * interval '1 millisecond',\n"
 	"           part_at = DEFAULT\n"
 	"     WHERE k.scope = p_scope AND k.key = p_key AND k.part_at >= c.part_at\n"
@@ -329,7 +350,8 @@ static const char *const schema_parts[] = {
 	"      body         bytea,\n"
 	"      created_at   timestamptz NOT NULL DEFAULT now(),\n"
 	"      expires_at   timestamptz NOT NULL,\n"
-	"      part_at      timestamptz NOT NULL DEFAULT clock_timestamp()\n"
+	"      part_at      timestamptz NOT NULL DEFAULT clock_timestamp(),\n"
+	"      watched      boolean\n"
 	"    ) PARTITION BY RANGE (part_at);\n"
 	"  ELSIF NOT EXISTS (SELECT 1 FROM pg_attribute\n"
 	"                     WHERE attrelid = 'idempotency_keys'::regclass\n"
@@ -339,6 +361,14 @@ static const char *const schema_parts[] = {
 	"    SET LOCAL lock_timeout = '10s';\n"
 	"    ALTER TABLE idempotency_keys\n"
 	"      ADD COLUMN part_at timestamptz NOT NULL DEFAULT '-infinity';\n"
+	"  END IF;\n"
+	"  IF NOT EXISTS (SELECT 1 FROM pg_attribute\n"
+	"                  WHERE attrelid = 'idempotency_keys'::regclass\n"
+	"                    AND attname = 'watched' AND NOT attisdropped) THEN\n"
+	"    -- set by a claim that waits for a record in flight; no default:\n"
+	"    -- no rewrite, on every partition at once\n"
+	"    SET LOCAL lock_timeout = '10s';\n"
+	"    ALTER TABLE idempotency_keys ADD COLUMN watched boolean;\n"
 	"  END IF;\n"
 	"  COMMENT ON FUNCTION idemproxy_parts_plan(bigint) IS '" SCHEMA_MARK "';\n"
 	"END IF;\n"

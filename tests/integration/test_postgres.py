@@ -195,28 +195,41 @@ def notifications_heard(pg_db, action, settle_s=1.0):
 
 
 def test_completions_wake_waiters_after_commit(make_proxy, pg_db, stub):
-    """Waiters anywhere hear "<scope>:<key>" on channel idemproxy once a
-    completion committed (sent by a transaction of its own after the
-    batch's commit): one notification per completion, keys with quotes,
-    backslashes, commas and braces included, and every key it names is
-    completed when it is heard."""
+    """A duplicate waiting on another instance marks the record it waits
+    for, and the completion of that record announces "<scope>:<key>" on
+    channel idemproxy once it committed (a transaction of its own after
+    the batch's): one notification per waited-for completion, keys with
+    quotes, backslashes, commas and braces included (the wake-up's array
+    literal), every key it names completed when it is heard, the waiter
+    replayed. A completion nobody waited for announces nothing."""
     a = start_pg_proxy(make_proxy, pg_db, name="a")
-    keys = [newkey("wake"), 'w"q\\b,c{d}' + newkey("")]
-    done = []
+    b = start_pg_proxy(make_proxy, pg_db, "--wait-timeout", "10s", name="b")
+    waited = [newkey("wake"), 'w"q\\b,c{d}' + newkey("")]
+    alone = newkey("alone")
+
+    def quoted(k):
+        return '"' + k.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
     def complete_them():
-        for k in keys:
-            sf = '"' + k.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            r = post(a.port, sf)
-            assert r.status == 200 and not replayed(r), r
-            done.append(k)
+        for k in waited:
+            raw = kreq("POST", "/orders?delay_ms=600", quoted(k), ORDER)
+            with RawConn(a.port) as c:
+                c.send(raw)
+                time.sleep(0.2)
+                dup = post(b.port, quoted(k), "/orders?delay_ms=600")
+                first = c.read_response()
+            assert first.status == 200 and not replayed(first), first
+            assert dup.status == 200 and replayed(dup), dup
+            assert dup.body == first.body
+        r = post(a.port, quoted(alone))
+        assert r.status == 200 and not replayed(r), r
 
     heard = notifications_heard(pg_db, complete_them)
-    assert sorted(heard) == sorted(":" + k for k in keys), heard
-    for k in keys:
+    assert sorted(heard) == sorted(":" + k for k in waited), heard
+    for k in waited + [alone]:
         assert pg_db.psql("select state from idempotency_keys where key = "
                           "'" + k.replace("'", "''") + "'") == "completed"
-    assert executions(stub) == 2
+    assert executions(stub) == 3
 
 
 # ------------------------------------------------ durability
