@@ -12,8 +12,8 @@
 #     goals: same / pass >= 1.5x, unique / pass-lua >= 0.9x
 #  B. PostgreSQL 15 (private cluster, fsync on, synchronous_commit on)
 #       nginx        proxy_pass of the same POST (tests/bench/nginx.conf.in)
-#       pgbench      the exact claim, complete and wake-up statements of a
-#                    new key (pgbench_claim.py, -M prepared), three implicit
+#       pgbench      the exact claim and complete statements of a new key
+#                    (pgbench_claim.py, -M prepared), two implicit
 #                    transactions per key, as many clients as wrk has
 #                    connections
 #       app          the application's ceiling (issue 22): what doing it in
@@ -36,9 +36,9 @@
 #     issue 22: pg-unique / app >= 1.0x at c=8 and >= 1.5x at c=32;
 #     replays from PostgreSQL without Redis (pg-same-nc; pg-same shown too)
 #     >= 1.0x pg-pass at c=32 (moonshot: >= mem-same)
-#  C. PostgreSQL work per new key: one more run of pgbench, of app, of pgbench-nn
-#     (the same without the wake-up transaction, pgbench_claim.py
-#     --no-notify: what waking the waiters costs) and of pg-unique per
+#  C. PostgreSQL work per new key: one more run of pgbench, of app, of pgbench-wk
+#     (the same with the wake-up transaction, pgbench_claim.py --wake: what
+#     a completion somebody waited for costs more) and of pg-unique per
 #     concurrency, with pg_stat_database (database bench) and pg_stat_wal
 #     read STATS_SETTLE seconds after the previous activity (PostgreSQL 15
 #     backends publish their counters at most once a second while busy, and
@@ -530,8 +530,8 @@ if [[ $PG == 1 ]]; then
 		FROM idempotency_keys WHERE key = 'pgbench-sample' AND state = 'completed'")
 	[[ -n ${ST_BODY:-} ]] || die "idemproxy stored no sample row"
 	"$PYTHON" "$HERE/pgbench_claim.py" "$ROOT/common/store/store_pg.c" >"$TMP/claim.sql"
-	"$PYTHON" "$HERE/pgbench_claim.py" --no-notify "$ROOT/common/store/store_pg.c" \
-		>"$TMP/claim-nonotify.sql"
+	"$PYTHON" "$HERE/pgbench_claim.py" --wake "$ROOT/common/store/store_pg.c" \
+		>"$TMP/claim-wake.sql"
 	echo "stored:    status $ST_STATUS, head $(( ${#ST_HEADERS} / 2 )) B, body $(( ${#ST_BODY} / 2 )) B per key (pgbench writes the same)"
 fi
 echo "load:      wrk -t$THREADS -c{$CONNS_LIST} --latency, pgbench -M prepared -j$PGBENCH_JOBS" \
@@ -602,8 +602,8 @@ measure() {	# measure TARGET DUR: prints the result line plus the share
 		run_pgbench "$dur" "$HERE/app_keys.sql"
 		return
 	fi
-	if [[ $t == pgbench-nn ]]; then
-		run_pgbench "$dur" "$TMP/claim-nonotify.sql"
+	if [[ $t == pgbench-wk ]]; then
+		run_pgbench "$dur" "$TMP/claim-wake.sql"
 		return
 	fi
 	[[ -n ${T_CHECK[$t]} ]] && c0=$(counter_of "${T_SRV[$t]}" "${T_CHECK[$t]}")
@@ -761,7 +761,7 @@ if [[ $PG == 1 && $ACCOUNT == 1 ]]; then
 	before=$(pg_counters)
 	for c in $CONNS_LIST; do
 		CONNS=$c
-		for t in pgbench app pgbench-nn pg-unique; do
+		for t in pgbench app pgbench-wk pg-unique; do
 			sampler_start "$TMP/waits.$c.$t"
 			res=$(measure "$t" "$DURATION") || exit 1
 			sampler_stop
@@ -789,14 +789,14 @@ if [[ $PG == 1 && $ACCOUNT == 1 ]]; then
 	echo " transaction. WAL writes/syncs: pg_stat_wal wal_write/wal_sync (all processes); a"
 	echo " sync is one fdatasync that group commit shares among the commits waiting for it."
 	echo " app: the application's INSERT + UPDATE on a plain table, 2 commits per key, no NOTIFY."
-	echo " pgbench: claim, complete and the wake-up (pg_notify, no WAL flush waited for) as 3"
-	echo " transactions. pgbench-nn: the same without the wake-up, an experiment: what waking"
-	echo " costs; idemproxy always wakes, once per batch with completions, after its commit.)"
+	echo " pgbench: claim and complete as 2 transactions. pgbench-wk: the same and the wake-up"
+	echo " (pg_notify, no WAL flush waited for) as a third: what idemproxy adds after a batch"
+	echo " whose completions a waiter marked; a key nobody waits for wakes nobody.)"
 	echo
 	echo "== where bench's backends were during those runs (pg_stat_activity every 50 ms;"
 	echo "   average number of backends per snapshot; CPU = active with no wait event)"
 	for c in $CONNS_LIST; do
-		for t in pgbench app pgbench-nn pg-unique; do
+		for t in pgbench app pgbench-wk pg-unique; do
 			awk -F'|' -v c="$c" -v t="$t" '
 			{ snap[$1] = 1; if ($3 == "active") k = $2; else k = $3 ":" $2; n[k]++ }
 			END {
