@@ -34,7 +34,7 @@
 
 /* Marks the functions as this version's: a database whose functions an
  * earlier version created gets them replaced. Change it with them. */
-#define SCHEMA_MARK "idemproxy schema 6"
+#define SCHEMA_MARK "idemproxy schema 7"
 
 /* In pieces: C compilers need not take longer literals. */
 static const char *const schema_parts[] = {
@@ -251,7 +251,12 @@ static const char *const schema_parts[] = {
 	"    INTO c\n"
 	"    FROM idempotency_keys k\n"
 	"   WHERE k.scope = p_scope AND k.key = p_key\n"
-	"   ORDER BY k.expires_at DESC\n"
+	"   -- (at most one row: the lock; the latest if a hand made two) -\n"
+	"   -- an expression the expires_at index cannot serve: a generic\n"
+	"   -- plan made while the partitions were empty would walk that\n"
+	"   -- index backwards in each (a Merge Append under the LIMIT),\n"
+	"   -- through every row of the current one, for as long as it lives\n"
+	"   ORDER BY k.expires_at + interval '0 seconds' DESC\n"
 	"   LIMIT 1;\n"
 	"  have := FOUND;\n"
 	"  IF have AND c.owner = p_owner AND c.state = 'in_flight' THEN\n"

@@ -10,7 +10,7 @@ import concurrent.futures as cf
 import subprocess
 import time
 
-from support.procs import metric_value, wait_readyz
+from support.procs import IDEMPROXY_BIN, clean_env, metric_value, wait_readyz
 from support.stores import PSQL_BIN
 from test_idempotency import ORDER, kreq, newkey, post, replayed
 from test_keys import TOKEN, admin, token_file  # noqa: F401 (fixture)
@@ -262,3 +262,64 @@ def test_writer_without_xid_holds_its_partition(make_proxy, pg_db, pg_server,
     time.sleep(6)
     assert pg_db.psql(f"select count(*) from idempotency_keys "
                       f"where key = '{late}'") == "1", a.log()
+
+
+def test_claim_plan_made_on_empty_partitions(pg_db, pg_server):
+    """A session's generic plan of the claim's read, made while every
+    partition is empty (a new deployment, or many partitions just added),
+    lives on while the current partition fills. The read must find a key
+    through each partition's (scope, key) index: a plan that walks the
+    expires_at index backwards (a Merge Append under its LIMIT: cheap on
+    paper while the partitions are empty) reads every row of the current
+    partition for every claim - 3-7 ms a claim at 30,000 rows, and growing
+    with the partition. Counted by the rows the claims read through the
+    expires_at indexes: none."""
+    r = subprocess.run([IDEMPROXY_BIN, "migrate", "--store", pg_db.url,
+                        "--ttl", "1s"], capture_output=True, timeout=60,
+                       env=clean_env())
+    assert r.returncode == 0, r.stderr
+    for _ in range(8):                  # many short, empty partitions
+        pg_db.psql("select idemproxy_parts_ensure(1000)")
+        time.sleep(0.6)
+    pg_db.psql("select idemproxy_parts_ensure(60000)")  # then a long one
+    time.sleep(2.5)                     # ... which is now the current one
+    s = subprocess.Popen(
+        [PSQL_BIN, "-h", "127.0.0.1", "-p", str(pg_server.port), "-U",
+         "postgres", "-d", pg_db.name, "-X", "-Atq"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=clean_env({"PGCONNECT_TIMEOUT": "5"}))
+
+    def claim(key, lock):
+        return (f"SELECT state FROM idemproxy_claim5('', '{key}', '\\x00', "
+                f"'o', 600000, 600000, {lock}, false);\n")
+    try:
+        # the session settings of the store (store_pg.c), then a claim:
+        # the plan is made now, on empty partitions
+        s.stdin.write("SET plan_cache_mode = force_generic_plan;\n"
+                      "SET enable_seqscan = off;\n"
+                      "SET enable_bitmapscan = off;\n"
+                      "SET jit = off;\n" + claim("plan", 1))
+        s.stdin.flush()
+        assert s.stdout.readline().strip() == "won"
+        pg_db.psql(
+            "insert into idempotency_keys (scope, key, fingerprint, state, "
+            "owner, lease_until, expires_at) select '', 'fill-' || g, "
+            "'\\x00', 'in_flight', 'o', now() + interval '10 min', "
+            "now() + interval '10 min' + g * interval '1 ms' "
+            "from generate_series(1, 30000) g")
+        before = pg_db.psql(
+            "select coalesce(sum(idx_tup_read), 0) from pg_stat_user_indexes "
+            "where indexrelname like '%expires_at%'")
+        for i in range(5):
+            s.stdin.write(claim(f"after{i}", 10 + i))
+        s.stdin.write("SELECT pg_stat_force_next_flush();\n\\q\n")
+        out, _ = s.communicate(timeout=60)
+    finally:
+        if s.poll() is None:
+            s.kill()
+            s.wait()
+    assert out.split().count("won") == 5, out
+    read = pg_db.psql(
+        "select coalesce(sum(idx_tup_read), 0) from pg_stat_user_indexes "
+        "where indexrelname like '%expires_at%'")
+    assert int(read) - int(before) == 0, (before, read)
