@@ -44,9 +44,9 @@
  * batch committed, by a transaction of its own that does not wait for its
  * WAL flush (store_pg_wake_sql), so that notifying commits, which
  * PostgreSQL serialises, never hold that lock through a flush; a key
- * nobody waits for wakes nobody. A waiter also wakes every PG_POLL_MS to claim again, so
- * a lost notification (listener reconnecting, a crash between the two
- * commits) costs at most that much latency.
+ * nobody waits for wakes nobody. A waiter also wakes every PG_POLL_MS to
+ * claim again, so a lost notification (listener reconnecting, a crash
+ * between the two commits) costs at most that much latency.
  */
 #include "store_pg_priv.h"
 
