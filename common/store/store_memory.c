@@ -304,7 +304,22 @@ static void deliver_cb(evutil_socket_t fd, short what, void *arg)
 		/* woken by a settling thread, or the lease ran out first */
 		pthread_mutex_lock(&m->mu);
 		if (o->watching != NULL) {
-			TAILQ_REMOVE(&o->watching->waiters, o, wlink);
+			struct mem_entry *e = o->watching;
+			uint64_t now = m->clock();
+
+			if (!e->completed && e->lease_until > now &&
+			    !expired(e, now)) {
+				/* the timer came early by the store's clock
+				 * (libevent measures from the time it cached at
+				 * the top of its loop): wait out the rest, so
+				 * that the watcher's claim finds the lease over */
+				struct timeval tv = clock_tv(e->lease_until - now);
+
+				event_add(o->ev, &tv);
+				pthread_mutex_unlock(&m->mu);
+				return;
+			}
+			TAILQ_REMOVE(&e->waiters, o, wlink);
 			o->watching = NULL;
 		}
 		pthread_mutex_unlock(&m->mu);
