@@ -31,9 +31,10 @@ typedef void (*worker_done_fn)(struct worker *w, void *arg);
 struct worker {
 	int id;
 	pthread_t thread;
-	/* bound and listening, made by main: one per address of --listen */
+	/* bound and listening, made by main: one per address of --listen,
+	 * each with its read event; the worker closes them */
 	evutil_socket_t listen_fds[ADDRS_MAX];
-	struct evconnlistener *listeners[ADDRS_MAX];
+	struct event *listeners[ADDRS_MAX];
 	int nlisten;
 	struct conn_loop loop;		/* what its connections borrow:
 					 * base, cfg, pool, store, lists */

@@ -15,6 +15,7 @@
 # Environment (defaults):
 #   WORKERS_LIST="1 2"  idemproxy --workers = nginx worker_processes, each
 #   THREADS=1  CONNS=50  DURATION=3s  WARMUP=1s  REPEAT=3
+#   KINDS="GET POST1K NEWCONN"  the rows to run
 #   KEY_TYPE=ec         certificate key: ec (P-256) or rsa (2048 bits)
 #   IDEMPROXY_BIN       release binary (default: build BUILD_DIR)
 #   BUILD_DIR           default build-bench;  STUB_BIN, NGINX, WRK, PYTHON
@@ -293,7 +294,7 @@ echo "openssl:   $(openssl version), certificate key $KEY_TYPE"
 echo "load:      wrk -t$THREADS -c$CONNS -d$DURATION --latency over HTTPS, median of $REPEAT rounds"
 echo
 
-KINDS=(GET POST1K NEWCONN)
+read -r -a KINDS <<<"${KINDS:-GET POST1K NEWCONN}"
 declare -A LUA=([GET]="" [POST1K]="$HERE/post1k.lua" [NEWCONN]="")
 start_stub
 for W in $WORKERS_LIST; do
