@@ -119,10 +119,36 @@
  * One row: ('won' and its part hint), or the existing record as the
  * function saw it. No row: the record changed under it (taken over or
  * completed meanwhile); claim again.
+ *
+ * A replay reads and returns first, in plain SQL: the key's latest row,
+ * when it is completed and not expired, is what the function would
+ * return for it, and the function is not called (an InitPlan gates it).
+ * That costs PostgreSQL a quarter of the function's call (pgbench,
+ * 8 statements a pipeline: 42,000-58,000 replays/s against 14,800); a
+ * claim the read does not answer pays the read on top. The read takes no
+ * lock: a completed record changes only when it expires (the filter) or
+ * is purged, and a replay read just before a purge is one that came just
+ * before it.
  */
 const char store_pg_claim_sql[] =
+	"WITH c AS (\n"
+	"  SELECT k.state, k.fingerprint, k.status, k.headers, k.body,\n"
+	"         k.expires_at,\n"
+	"         greatest(0, extract(epoch FROM k.expires_at - now()) * 1000)\n"
+	"           ::bigint AS ttl_left\n"
+	"    FROM idempotency_keys k\n"
+	"   WHERE k.scope = $1 AND k.key = $2\n"
+	"   ORDER BY k.expires_at + interval '0 seconds' DESC\n"
+	"   LIMIT 1),\n"
+	"hit AS (\n"
+	"  SELECT c.state, c.fingerprint, c.status, c.headers, c.body,\n"
+	"         c.ttl_left, NULL::bigint AS part_hint\n"
+	"    FROM c WHERE c.state = 'completed' AND c.expires_at > now())\n"
+	"SELECT * FROM hit\n"
+	"UNION ALL\n"
 	"SELECT state, fingerprint, status, headers, body, ttl_left, part_hint\n"
-	"  FROM idemproxy_claim5($1, $2, $3, $4, $5, $6, $7, $8)";
+	"  FROM idemproxy_claim5($1, $2, $3, $4, $5, $6, $7, $8)\n"
+	" WHERE NOT EXISTS (SELECT 1 FROM hit)";
 
 /*
  * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not

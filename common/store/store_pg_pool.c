@@ -183,8 +183,19 @@ static void hasten(struct pg_local *l)
 }
 
 /*
+ * The queue goes to idle connections at the end of the loop turn in which
+ * it grew, not at each operation: the claims of all the requests one turn
+ * read leave as one batch (one round trip, one transaction) rather than
+ * one on each idle connection. A lone claim still leaves in its own turn.
+ */
+static void kick_cb(evutil_socket_t fd, short what, void *arg)
+{
+	dispatch(arg);
+}
+
+/*
  * Put o on the queue (at the head for a retry, keeping its turn) with its
- * deadline armed, and hand the queue to idle connections.
+ * deadline armed; idle connections take it at the end of the turn.
  */
 void pg_enqueue(struct pg_op *o, bool head)
 {
@@ -200,7 +211,7 @@ void pg_enqueue(struct pg_op *o, bool head)
 	event_add(o->ev, &tv);
 	if (!pg_may_serve(l))
 		hasten(l);
-	dispatch(l);
+	event_active(l->kick, EV_TIMEOUT, 1);
 }
 
 /* Submit a new operation. A fresh claim with no connection up or coming
@@ -1268,6 +1279,8 @@ void pg_local_free(struct pg_local *l)
 	for (int i = 0; i < l->nconns; i++)
 		conn_close(&l->conns[i]);
 	conn_close(&l->listen);
+	if (l->kick != NULL)
+		event_free(l->kick);
 	free(l->conns);
 	free(l);
 }
@@ -1284,7 +1297,11 @@ struct pg_local *pg_local_new(struct pg_store *s, struct event_base *base)
 	TAILQ_INIT(&l->watchers);
 	l->nconns = s->conns_per_thread;
 	l->conns = calloc((size_t)l->nconns, sizeof(*l->conns));
-	if (l->conns == NULL) {
+	l->kick = event_new(base, -1, 0, kick_cb, l);
+	if (l->conns == NULL || l->kick == NULL) {
+		if (l->kick != NULL)
+			event_free(l->kick);
+		free(l->conns);
 		free(l);
 		return NULL;
 	}

@@ -153,6 +153,7 @@ struct pg_local {
 	struct pg_conn listen;
 	struct pg_ops queue;
 	struct pg_ops watchers;
+	struct event *kick;		/* dispatch at the end of this turn */
 	int up;				/* connections IDLE or BUSY */
 	bool sweeping;
 	struct pg_local *next;		/* s->locals */
