@@ -5,6 +5,7 @@
 #include "store.h"
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,13 +118,38 @@ uint64_t store_id_hash(const char *id, size_t len)
 	return siphash24(id_hash_key, id, len);
 }
 
+/*
+ * Owner tokens: 16 bytes no other claim gets and nobody can guess. Each
+ * thread draws a SipHash key once and numbers its claims; a token is the
+ * SipHash of its number under that key, for each half. RAND_bytes() per
+ * claim cost a getpid() system call every time (OpenSSL's fork check),
+ * in the memory store under its lock; idemproxy does not fork once running.
+ */
+struct owner_gen {
+	uint8_t key[SIPHASH_KEY_LEN];
+	uint64_t n;
+	bool seeded;
+};
+static __thread struct owner_gen owner_gen;
+
 int store_new_owner(char out[STORE_OWNER_LEN + 1])
 {
 	static const char hex[] = "0123456789abcdef";
+	struct owner_gen *g = &owner_gen;
 	unsigned char raw[STORE_OWNER_LEN / 2];
 
-	if (RAND_bytes(raw, sizeof(raw)) != 1)
-		return -1;
+	if (!g->seeded) {
+		if (RAND_bytes(g->key, sizeof(g->key)) != 1)
+			return -1;
+		g->seeded = true;
+	}
+	for (size_t half = 0; half < sizeof(raw) / 8; half++) {
+		uint64_t in[2] = { g->n, half };
+		uint64_t h = siphash24(g->key, in, sizeof(in));
+
+		memcpy(raw + 8 * half, &h, 8);
+	}
+	g->n++;
 	for (size_t i = 0; i < sizeof(raw); i++) {
 		out[2 * i] = hex[raw[i] >> 4];
 		out[2 * i + 1] = hex[raw[i] & 15];

@@ -298,7 +298,8 @@ uint64_t store_id_hash(const char *id, size_t len);
  * milliseconds (for store_record). */
 int64_t store_unix_ms(uint64_t at, uint64_t now);
 
-/* A fresh random owner token (hex). Returns 0 or -1. */
+/* A fresh owner token (hex): no other claim gets it and nobody can guess
+ * it (store.c). Returns 0 or -1. */
 int store_new_owner(char out[STORE_OWNER_LEN + 1]) MUSTCHECK;
 
 #endif

@@ -566,7 +566,8 @@ if [[ $PG == 1 ]]; then
 	def pgr-same-nc pgr0 "$HERE/keyed_same.lua"   "KEYED_KEY=same-pgr0-$RANDOM$RANDOM" redis "postgres+redis, no cache, one key"
 	def pgr-same    pgr  "$HERE/keyed_same.lua"   "KEYED_KEY=same-pgr-$RANDOM$RANDOM" cache "postgres+redis+cache, one key"
 fi
-for t in "${TARGETS[@]}"; do
+# every defined target, not only ONLY's: part C runs pg-unique whatever ONLY says
+for t in "${!T_SRV[@]}"; do
 	case ${T_SRV[$t]} in
 	nginx) T_URL[$t]="http://127.0.0.1:$NGINX_PORT/"; T_PP[$t]=$NGINX_WORKERS; T_SP[$t]="" ;;
 	-) ;;

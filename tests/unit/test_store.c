@@ -1388,6 +1388,48 @@ static void test_bound(void)
 	event_base_free(b);
 }
 
+/* Owner tokens of two threads, OWNERS_PER_THREAD each: all distinct. */
+#define OWNERS_PER_THREAD 20000
+
+static int cmp_owner(const void *a, const void *b)
+{
+	return memcmp(a, b, STORE_OWNER_LEN);
+}
+
+static void *make_owners(void *arg)
+{
+	char (*out)[STORE_OWNER_LEN + 1] = arg;
+
+	for (int i = 0; i < OWNERS_PER_THREAD; i++)
+		if (store_new_owner(out[i]) < 0)
+			return NULL;
+	return arg;
+}
+
+static void test_owner_tokens(void)
+{
+	char (*all)[STORE_OWNER_LEN + 1] =
+		calloc(2 * OWNERS_PER_THREAD, STORE_OWNER_LEN + 1);
+	pthread_t t;
+	void *got = NULL;
+	int bad = 0, dup = 0;
+
+	ok(all != NULL && pthread_create(&t, NULL, make_owners, all) == 0,
+	   "owner tokens: a second thread");
+	if (all == NULL)
+		return;
+	ok(make_owners(all + OWNERS_PER_THREAD) != NULL &&
+	   pthread_join(t, &got) == 0 && got != NULL, "both made theirs");
+	for (int i = 0; i < 2 * OWNERS_PER_THREAD; i++)
+		bad += !is_owner_token(all[i]);
+	qsort(all, 2 * OWNERS_PER_THREAD, STORE_OWNER_LEN + 1, cmp_owner);
+	for (int i = 1; i < 2 * OWNERS_PER_THREAD; i++)
+		dup += memcmp(all[i - 1], all[i], STORE_OWNER_LEN) == 0;
+	ok(bad == 0, "every one 32 hex digits");
+	ok(dup == 0, "no two alike, within and across threads");
+	free(all);
+}
+
 static void test_misc(void)
 {
 	char o1[STORE_OWNER_LEN + 1], o2[STORE_OWNER_LEN + 1];
@@ -1426,5 +1468,6 @@ int main(void)
 	test_doubling();
 	test_bound();
 	test_misc();
+	test_owner_tokens();
 	return tap_done();
 }
