@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,26 +16,25 @@
 
 #include "siphash.h"
 
+/* One block: the struct, then head and body, each NUL-terminated. */
 struct stored_response *stored_response_new(int status, const char *head,
 					    size_t head_len, const char *body,
 					    size_t body_len, bool body_stored)
 {
-	struct stored_response *r = calloc(1, sizeof(*r));
+	struct stored_response *r;
 
+	if (head_len > SIZE_MAX / 2 - sizeof(*r) || body_len > SIZE_MAX / 2)
+		return NULL;
+	r = malloc(sizeof(*r) + head_len + 1 + body_len + 1);
 	if (r == NULL)
 		return NULL;
 	atomic_init(&r->refcount, 1);
 	r->status = status;
 	r->body_stored = body_stored;
-	r->head = malloc(head_len + 1);
-	r->body = malloc(body_len + 1);
-	if (r->head == NULL || r->body == NULL) {
-		free(r->head);
-		free(r->body);
-		free(r);
-		return NULL;
-	}
-	memcpy(r->head, head, head_len);
+	r->head = r->data;
+	r->body = r->data + head_len + 1;
+	if (head_len > 0)
+		memcpy(r->head, head, head_len);
 	r->head[head_len] = '\0';
 	r->head_len = head_len;
 	if (body_len > 0)
@@ -56,8 +56,6 @@ void stored_response_unref(struct stored_response *r)
 		return;
 	if (atomic_fetch_sub_explicit(&r->refcount, 1, memory_order_acq_rel) != 1)
 		return;
-	free(r->head);
-	free(r->body);
 	free(r);
 }
 

@@ -56,6 +56,7 @@ struct stored_response {
 	char *body;
 	size_t body_len;
 	bool body_stored;	/* false: too large; duplicates get 409 */
+	char data[];		/* head and body point in here */
 };
 
 struct stored_response *stored_response_new(int status, const char *head,
