@@ -99,8 +99,8 @@ static void take_conn(struct worker *w, evutil_socket_t fd,
 
 /*
  * accept() failed for lack of descriptors or memory (EMFILE, ENFILE,
- * ENOBUFS, ENOMEM): back off briefly instead of spinning on a listener that
- * stays readable.
+ * ENOBUFS, ENOMEM), or for a reason not known to pass: back off briefly
+ * instead of spinning on a listener that stays readable.
  */
 static void accept_failed(struct worker *w, int err)
 {
@@ -109,6 +109,35 @@ static void accept_failed(struct worker *w, int err)
 	log_warn("worker %d: accept: %s", w->id, strerror(err));
 	listeners_enable(w, false);
 	evtimer_add(w->accept_retry, &tv);
+}
+
+/*
+ * Nothing left to take, or one connection that failed before it was taken
+ * (accept(2): errors already pending on the new socket, a firewall's
+ * EPERM): the listener reports again if more wait. Anything else backs off.
+ */
+static bool accept_passing(int err)
+{
+	switch (err) {
+	case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+	case EWOULDBLOCK:
+#endif
+	case EINTR:
+	case ECONNABORTED:
+	case EPROTO:
+	case EPERM:
+	case ENETDOWN:
+	case ENETUNREACH:
+	case ENOPROTOOPT:
+	case EHOSTDOWN:
+	case EHOSTUNREACH:
+	case ENONET:
+	case EOPNOTSUPP:
+		return true;
+	default:
+		return false;
+	}
 }
 
 static void accept_cb(evutil_socket_t lfd, short what, void *arg)
@@ -124,12 +153,8 @@ static void accept_cb(evutil_socket_t lfd, short what, void *arg)
 					     SOCK_NONBLOCK | SOCK_CLOEXEC);
 
 		if (fd < 0) {
-			/* gone before it was taken, or nothing left */
-			if (errno == EAGAIN || errno == EWOULDBLOCK ||
-			    errno == EINTR || errno == ECONNABORTED ||
-			    errno == EPROTO)
-				return;
-			accept_failed(w, errno);
+			if (!accept_passing(errno))
+				accept_failed(w, errno);
 			return;
 		}
 		take_conn(w, fd, (struct sockaddr *)&ss, sslen);

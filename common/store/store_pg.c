@@ -13,9 +13,10 @@
  * one pipeline: a prepared statement per operation, then one Sync. The
  * statements up to a Sync are one implicit transaction, so a batch costs
  * one round trip and one commit (one WAL flush) however many keys it
- * carries. Nothing waits to fill a batch: an operation submitted while a
- * connection is idle goes out at once; batches only form from what queued
- * while every connection was busy.
+ * carries. Nothing waits to fill a batch: the queue goes to idle
+ * connections at the end of the loop turn in which it grew (what one turn
+ * queued leaves together; a lone operation leaves in its own turn), and
+ * larger batches form from what queued while every connection was busy.
  *
  * Outcomes only after commit. A statement's result is held until the
  * PGRES_PIPELINE_SYNC of its batch, i.e. until ReadyForQuery arrived after
