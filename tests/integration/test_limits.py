@@ -138,8 +138,8 @@ def test_max_connections_pauses_accept(make_proxy, stub):
 def test_burst_of_connections_waits_in_the_backlog(make_proxy, stub):
     """Connections that arrive while the worker cannot accept wait in the
     kernel's backlog (1,024 deep, not the 128 libevent's listener would
-    have set), and every one is served once the worker takes them, one per
-    loop turn."""
+    have set), and every one is served once the worker takes them, a few
+    per loop turn."""
     p = make_proxy()
     n = 400
     conns = []
