@@ -129,7 +129,8 @@
  * claim the read does not answer pays the read on top. The read takes no
  * lock: a completed record changes only when it expires (the filter) or
  * is purged, and a replay read just before a purge is one that came just
- * before it.
+ * before it. The read is the function's own (the same row, the same
+ * order by an expression no index serves: store_pg_schema.c says why).
  */
 const char store_pg_claim_sql[] =
 	"WITH c AS (\n"

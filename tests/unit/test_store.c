@@ -1413,11 +1413,14 @@ static void test_owner_tokens(void)
 	pthread_t t;
 	void *got = NULL;
 	int bad = 0, dup = 0;
+	bool started = all != NULL &&
+		       pthread_create(&t, NULL, make_owners, all) == 0;
 
-	ok(all != NULL && pthread_create(&t, NULL, make_owners, all) == 0,
-	   "owner tokens: a second thread");
-	if (all == NULL)
+	ok(started, "owner tokens: a second thread");
+	if (!started) {
+		free(all);
 		return;
+	}
 	ok(make_owners(all + OWNERS_PER_THREAD) != NULL &&
 	   pthread_join(t, &got) == 0 && got != NULL, "both made theirs");
 	for (int i = 0; i < 2 * OWNERS_PER_THREAD; i++)
