@@ -7,6 +7,7 @@ set -eu
 PACKAGES="
   build-essential pkg-config meson ninja-build
   libevent-dev libpq-dev libhiredis-dev libssl-dev libinih-dev libjson-c-dev
+  libjemalloc-dev
   node-llhttp
   postgresql redis-server nginx wrk
   python3 python3-pytest python3-yaml

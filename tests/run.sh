@@ -33,6 +33,20 @@ meson test -C "$BUILD" --print-errorlogs --num-processes 2 || status=$?
 IDEMPROXY_BIN="$(cd "$BUILD" && pwd)/proxy/idemproxy" tests/soak/run.sh 60 ||
   status=1
 
+# The soak again on the release build, the binary users run: it links
+# jemalloc, which a sanitized build cannot (docs/architecture.md "Memory").
+REL_BUILD=${IDEMPROXY_RELEASE_BUILD:-build-release}
+if [ ! -f "$REL_BUILD/build.ninja" ]; then
+  meson setup "$REL_BUILD" -Dbuildtype=release -Djemalloc=enabled \
+    -Dintegration_tests=disabled -Dwerror=true
+fi
+if meson compile -C "$REL_BUILD"; then
+  IDEMPROXY_BIN="$(cd "$REL_BUILD" && pwd)/proxy/idemproxy" \
+    tests/soak/run.sh 60 || status=1
+else
+  status=1
+fi
+
 # The fuzzers (tests/fuzz, docs/fuzzing.md): a short run of each harness
 # from its seeds and regression inputs (IDEMPROXY_FUZZ_SECONDS, default 5),
 # one at a time, in a clang build of their own; counted in the summary.
