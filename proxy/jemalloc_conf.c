@@ -1,11 +1,12 @@
 /*
  * jemalloc_conf.c - the options jemalloc starts with, in a binary linked
- * with it (meson's -Djemalloc; docs/architecture.md "Memory").
+ * with it (meson's -Djemalloc; docs/architecture.md "Memory: the
+ * allocator").
  *
- * background_thread: pages freed when records expire go back to the
- * kernel from jemalloc's own threads after its decay time (10 s), instead
- * of whenever a worker next happens to allocate. A store that emptied
- * after a burst then shrinks while the proxy is quiet.
+ * background_thread: pages freed when records expire go back to the kernel
+ * after jemalloc's decay time (10 s) from a thread of its own, so the
+ * madvise calls that return them are not made inside a worker's loop or
+ * the sweeper's.
  *
  * MALLOC_CONF in the environment is read after this and wins.
  */

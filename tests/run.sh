@@ -34,7 +34,8 @@ IDEMPROXY_BIN="$(cd "$BUILD" && pwd)/proxy/idemproxy" tests/soak/run.sh 60 ||
   status=1
 
 # The soak again on the release build, the binary users run: it links
-# jemalloc, which a sanitized build cannot (docs/architecture.md "Memory").
+# jemalloc, which a sanitized build cannot (docs/architecture.md "Memory:
+# the allocator").
 REL_BUILD=${IDEMPROXY_RELEASE_BUILD:-build-release}
 if [ ! -f "$REL_BUILD/build.ninja" ]; then
   meson setup "$REL_BUILD" -Dbuildtype=release -Djemalloc=enabled \
