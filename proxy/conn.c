@@ -732,6 +732,7 @@ static void read_cb(struct bufferevent *bev, void *arg)
 			  state_names[c->state]);
 		abort();
 	}
+	conn_tls_pump_later(c);	/* records read ahead */
 }
 
 static void write_cb(struct bufferevent *bev, void *arg)

@@ -23,13 +23,19 @@
 #include "loop.h"
 
 /*
- * libevent's OpenSSL bufferevent stops reading at the read high watermark
- * (CONN_READ_HIGH) with decrypted bytes possibly still inside OpenSSL (it
- * reads whole records), and when the watermark lifts it waits for the
- * socket - which stays quiet when the client has sent everything and waits
- * for answers (pipelined requests). So whenever reading may go on, bytes
- * OpenSSL holds are pulled by running the bufferevent's read event once,
- * on the next loop turn.
+ * Bytes OpenSSL holds that the socket will not announce again. The
+ * listener's contexts read ahead (tls.c): one read(2) takes every record
+ * the socket has, not a record's header and then its body. libevent's
+ * OpenSSL bufferevent reads on only while SSL_pending() counts decrypted
+ * bytes, which leaves whole records read ahead but not yet decrypted
+ * behind: a pipelined request, a request that came with the handshake's
+ * last flight. It also stops at the read high watermark (CONN_READ_HIGH)
+ * and, when the watermark lifts, waits for the socket - which stays quiet
+ * when the client has sent everything and waits for answers. So whenever
+ * reading may go on, what OpenSSL holds is pulled by running the
+ * bufferevent's read event once, on the next loop turn. A partial record
+ * ends that (OpenSSL asks the socket for the rest; nothing is delivered, so
+ * nothing asks again) until the socket is readable.
  */
 static void tls_pump_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -38,13 +44,14 @@ static void tls_pump_cb(evutil_socket_t fd, short what, void *arg)
 	if (c->state != CONN_ST_CLOSED &&
 	    (bufferevent_get_enabled(c->bev) & EV_READ) &&
 	    evbuffer_get_length(bufferevent_get_input(c->bev)) < CONN_READ_HIGH &&
-	    SSL_pending(c->ssl) > 0)
+	    SSL_has_pending(c->ssl))
 		event_active(&c->bev->ev_read, EV_READ, 1);
 }
 
 void conn_tls_pump_later(struct conn *c)
 {
-	if (c->ssl != NULL && SSL_pending(c->ssl) > 0)
+	if (c->ssl != NULL && c->state != CONN_ST_CLOSED &&
+	    SSL_has_pending(c->ssl))
 		event_active(c->tls_pump, EV_TIMEOUT, 1);
 }
 
@@ -93,6 +100,7 @@ void conn_tls_established(struct conn *c)
 	metrics_count(COUNTER_tls_handshakes_total);
 	if (SSL_session_reused(c->ssl))
 		metrics_count(COUNTER_tls_resumed_total);
+	conn_tls_pump_later(c);	/* a request read with the last flight */
 }
 
 /*

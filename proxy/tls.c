@@ -295,6 +295,9 @@ static SSL_CTX *listener_ctx(const struct config *cfg, char *err,
 	SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION |
 			    SSL_OP_CIPHER_SERVER_PREFERENCE);
 	SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+	/* one read(2) for all the records waiting, not two per record; what
+	 * it takes beyond the record being read, conn_tls.c pulls */
+	SSL_CTX_set_read_ahead(ctx, 1);
 	SSL_CTX_set_default_passwd_cb(ctx, no_password);
 	SSL_CTX_set_session_id_context(ctx, sid_ctx, sizeof(sid_ctx) - 1);
 	SSL_CTX_set_alpn_select_cb(ctx, alpn_select, NULL);

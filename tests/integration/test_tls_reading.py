@@ -90,6 +90,32 @@ def test_pipelined_body_behind_a_slow_request(tls_proxy, pki, stub, size):
     assert echoed[1]["body_len"] == len(body)
 
 
+def test_requests_in_records_of_their_own_read_at_once(tls_proxy, pki, stub):
+    """Each request in a TLS record of its own. The first is slow, so the
+    others wait in the socket and one read takes them all (the listener
+    reads ahead): records read but not decrypted are pulled all the same."""
+    reqs = [b"GET /r0?delay_ms=200 HTTP/1.1\r\nHost: h\r\n\r\n"] + \
+        [b"GET /r%d HTTP/1.1\r\nHost: h\r\n\r\n" % i for i in range(1, 6)]
+    with connect(tls_proxy.port, pki) as s:
+        for r in reqs:
+            s.sendall(r)            # one record each
+        got = read_responses(s, len(reqs))
+    assert len(got) == len(reqs), f"{len(got)} of {len(reqs)} responses (stalled)"
+    assert [json.loads(b)["target"] for _, b in got] == \
+        ["/r0?delay_ms=200"] + ["/r%d" % i for i in range(1, 6)]
+
+
+def test_request_right_behind_the_handshake(tls_proxy, pki, stub):
+    """The request sent at once after the handshake can arrive with the
+    client's last flight and be read with it."""
+    for i in range(20):
+        with connect(tls_proxy.port, pki) as s:
+            s.sendall(b"GET /h%d HTTP/1.1\r\nHost: h\r\n\r\n" % i)
+            got = read_responses(s, 1)
+        assert len(got) == 1, f"connection {i}: no response (stalled)"
+        assert json.loads(got[0][1])["target"] == "/h%d" % i
+
+
 def test_forwarded_proto_is_https_whatever_the_client_says(tls_proxy, pki):
     with connect(tls_proxy.port, pki) as s:
         s.sendall(b"GET /p HTTP/1.1\r\nHost: h\r\n"
