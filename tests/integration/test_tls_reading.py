@@ -105,28 +105,52 @@ def test_requests_in_records_of_their_own_read_at_once(tls_proxy, pki, stub):
         ["/r0?delay_ms=200"] + ["/r%d" % i for i in range(1, 6)]
 
 
-def handshake_then_send(port, pki, request):
-    """A TLS client on memory BIOs: its last handshake flight and the
-    request's record leave in one send(), so the proxy reads them in one
-    read. Returns the plain socket and the SSLObject."""
-    ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
-    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
-    while True:
-        try:
-            tls.do_handshake()
-            break
-        except ssl.SSLWantReadError:
-            if outgoing.pending:
-                raw.sendall(outgoing.read())
-            data = raw.recv(65536)
-            if not data:
-                raise ConnectionError("closed during the handshake")
-            incoming.write(data)
-    tls.write(request)
-    raw.sendall(outgoing.read())    # the client's Finished and the request
-    return raw, tls, incoming
+class BioClient:
+    """A TLS client on memory BIOs, so that the test decides what leaves in
+    one send(); reads like a socket (settimeout, recv) for read_responses."""
+
+    def __init__(self, port, pki):
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.tls = ctx.wrap_bio(self.incoming, self.outgoing,
+                                server_hostname="localhost")
+        self.raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+
+    def handshake_then_send(self, request):
+        """The client's last handshake flight and the request's record
+        leave in one send(), so the proxy reads them in one read."""
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self.raw.sendall(self.outgoing.read())
+                if not self._feed():
+                    raise ConnectionError("closed during the handshake")
+        self.tls.write(request)
+        self.raw.sendall(self.outgoing.read())
+
+    def _feed(self):
+        data = self.raw.recv(65536)
+        self.incoming.write(data)
+        return data != b""
+
+    def settimeout(self, t):
+        self.raw.settimeout(t)
+
+    def recv(self, n):
+        while True:
+            try:
+                return self.tls.read(n)
+            except ssl.SSLWantReadError:     # a partial record, or a ticket
+                if not self._feed():
+                    return b""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.raw.close()
 
 
 def test_request_in_one_segment_with_the_last_flight(tls_proxy, pki, stub):
@@ -134,26 +158,12 @@ def test_request_in_one_segment_with_the_last_flight(tls_proxy, pki, stub):
     the handshake's last flight, and the proxy pulls it once the handshake
     is done (no more bytes will make the socket readable)."""
     for i in range(5):
-        raw, tls, incoming = handshake_then_send(
-            tls_proxy.port, pki, b"GET /h%d HTTP/1.1\r\nHost: h\r\n\r\n" % i)
-        data = b""
-        raw.settimeout(5)
-        try:
-            while b"\r\n\r\n" not in data:
-                chunk = raw.recv(65536)
-                if not chunk:
-                    break
-                incoming.write(chunk)
-                try:
-                    data += tls.read(65536)
-                except ssl.SSLWantReadError:
-                    pass
-        except socket.timeout:
-            pass
-        finally:
-            raw.close()
-        assert data.startswith(b"HTTP/1.1 200"), \
-            f"connection {i}: no response (stalled): {data[:80]!r}"
+        with BioClient(tls_proxy.port, pki) as c:
+            c.handshake_then_send(b"GET /h%d HTTP/1.1\r\nHost: h\r\n\r\n" % i)
+            got = read_responses(c, 1)
+        assert len(got) == 1, f"connection {i}: no response (stalled)"
+        assert got[0][0].startswith(b"HTTP/1.1 200")
+        assert json.loads(got[0][1])["target"] == "/h%d" % i
 
 
 def test_forwarded_proto_is_https_whatever_the_client_says(tls_proxy, pki):
