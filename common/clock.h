@@ -1,6 +1,7 @@
 /*
- * clock.h - the monotonic clock in milliseconds, and milliseconds as a
- * libevent timeout. Header-only: two lines each, used on every loop.
+ * clock.h - the monotonic clock in milliseconds (and microseconds), and
+ * milliseconds as a libevent timeout. Header-only: two lines each, used on
+ * every loop.
  */
 #ifndef IDEMPROXY_CLOCK_H
 #define IDEMPROXY_CLOCK_H
@@ -15,6 +16,14 @@ static inline uint64_t clock_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static inline uint64_t clock_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
 static inline struct timeval clock_tv(uint64_t ms)

@@ -16,7 +16,11 @@
  * carries. Nothing waits to fill a batch: the queue goes to idle
  * connections at the end of the loop turn in which it grew (what one turn
  * queued leaves together; a lone operation leaves in its own turn), and
- * larger batches form from what queued while every connection was busy.
+ * larger batches form from what queued while a batch was in flight. Under
+ * load (PG_HOLD_SIBLINGS operations outstanding) the queue waits for the
+ * batch in flight, for at most PG_HOLD_US, instead of leaving at once on
+ * another connection as a small transaction of its own
+ * (store_pg_pool.c, hold()).
  *
  * Outcomes only after commit. A statement's result is held until the
  * PGRES_PIPELINE_SYNC of its batch, i.e. until ReadyForQuery arrived after

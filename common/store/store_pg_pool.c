@@ -1133,6 +1133,7 @@ static void send_batch(struct pg_conn *c)
 		return;
 	}
 	c->state = PGC_BUSY;
+	c->sent_us = clock_us();
 	c->unacked = false;
 	c->read_only = false;
 	c->reading = TAILQ_FIRST(&c->batch);
@@ -1157,13 +1158,71 @@ static void drop_stale(struct pg_local *l)
 		conn_fail(&l->listen, "the primary moved");
 }
 
-/* Give queued operations to idle connections. */
+/*
+ * Whether the queue waits for the batch in flight rather than leaving now
+ * on another connection, and if so for how long at most (*wait_us).
+ *
+ * Under load, a batch sent while another is in flight is a transaction of
+ * its own - a commit, a round trip, and reads and writes on both sides -
+ * for the few operations that queued meanwhile. Held, they leave together
+ * when the batch in flight returns: with 8 clients PostgreSQL's CPU per
+ * new key fell from 336-431 us to 179-192 us (docs/benchmarks.md, issue
+ * 22, "The queue waits for the batch in flight"). PostgreSQL's own
+ * commit_delay waits like this only while enough other transactions are
+ * active (commit_siblings); so does this, while at least PG_HOLD_SIBLINGS
+ * operations are outstanding (in flight and queued), so that a request
+ * among few still leaves at once. A lone operation (nothing in flight)
+ * and a full batch never wait, and nothing waits past PG_HOLD_US after
+ * the youngest batch left: behind a batch waiting for a lock or a slow
+ * flush, the rest go to another connection then, as before.
+ */
+static bool hold(const struct pg_local *l, uint64_t now, uint64_t *wait_us)
+{
+	const struct pg_op *o;
+	uint64_t youngest = 0;
+	int n = 0;
+
+	TAILQ_FOREACH(o, &l->queue, link)
+		if (++n >= PG_BATCH_MAX)
+			return false;
+	for (int i = 0; i < l->nconns; i++) {
+		const struct pg_conn *c = &l->conns[i];
+
+		if (c->state != PGC_BUSY)
+			continue;
+		if (c->sent_us > youngest)
+			youngest = c->sent_us;
+		TAILQ_FOREACH(o, &c->batch, link)
+			n++;
+	}
+	if (youngest == 0 || n < PG_HOLD_SIBLINGS ||
+	    now >= youngest + PG_HOLD_US)
+		return false;
+	*wait_us = youngest + PG_HOLD_US - now;
+	return true;
+}
+
+static void hold_cb(evutil_socket_t fd, short what, void *arg)
+{
+	dispatch(arg);
+}
+
+/* Give queued operations to idle connections, unless they are held; open
+ * one more when work waits that nothing holds and none is idle. */
 static void dispatch(struct pg_local *l)
 {
+	uint64_t wait_us;
+
 	drop_stale(l);
 	for (int i = 0; i < l->nconns && !TAILQ_EMPTY(&l->queue); i++) {
 		struct pg_conn *c = &l->conns[i];
 
+		if (hold(l, clock_us(), &wait_us)) {
+			struct timeval tv = { 0, (suseconds_t)wait_us };
+
+			evtimer_add(l->hold, &tv);
+			return;
+		}
 		if (c->state == PGC_IDLE)
 			send_batch(c);
 	}
@@ -1281,6 +1340,8 @@ void pg_local_free(struct pg_local *l)
 	conn_close(&l->listen);
 	if (l->kick != NULL)
 		event_free(l->kick);
+	if (l->hold != NULL)
+		event_free(l->hold);
 	free(l->conns);
 	free(l);
 }
@@ -1298,9 +1359,12 @@ struct pg_local *pg_local_new(struct pg_store *s, struct event_base *base)
 	l->nconns = s->conns_per_thread;
 	l->conns = calloc((size_t)l->nconns, sizeof(*l->conns));
 	l->kick = event_new(base, -1, 0, kick_cb, l);
-	if (l->conns == NULL || l->kick == NULL) {
+	l->hold = evtimer_new(base, hold_cb, l);
+	if (l->conns == NULL || l->kick == NULL || l->hold == NULL) {
 		if (l->kick != NULL)
 			event_free(l->kick);
+		if (l->hold != NULL)
+			event_free(l->hold);
 		free(l->conns);
 		free(l);
 		return NULL;

@@ -32,6 +32,10 @@
 #define PG_CLAIM_RETRIES 5	/* the record changed under the statement */
 #define PG_STMT_ERRORS 3	/* a statement failing on its own */
 #define PG_BATCH_MAX 64		/* operations per pipeline */
+/* A batch in flight holds the queue for at most this long, while at least
+ * PG_HOLD_SIBLINGS operations are outstanding (store_pg_pool.c, hold()). */
+#define PG_HOLD_US 2000
+#define PG_HOLD_SIBLINGS 4
 /* Several hosts (store_pg_hosts.h): each is connected to on its own. */
 #define PG_HOST_CONNECT_MS 2000	/* one host's connect and startup */
 #define PG_REPROBE_MS 200	/* a host that refused is asked again */
@@ -134,6 +138,7 @@ struct pg_conn {
 	struct event *timer;		/* back-off, or the batch deadline */
 	enum pgc_state state;
 	struct pg_ops batch;		/* BUSY: the batch's operations, in order */
+	uint64_t sent_us;		/* BUSY: when the batch was sent */
 	struct pg_op *reading;		/* whose result comes next; NULL: Sync */
 	bool batch_failed;		/* an error: the transaction rolled back */
 	bool waking;			/* BUSY: the batch answered, its wake-up
@@ -154,6 +159,7 @@ struct pg_local {
 	struct pg_ops queue;
 	struct pg_ops watchers;
 	struct event *kick;		/* dispatch at the end of this turn */
+	struct event *hold;		/* dispatch when a held queue may go */
 	int up;				/* connections IDLE or BUSY */
 	bool sweeping;
 	struct pg_local *next;		/* s->locals */

@@ -514,6 +514,107 @@ def test_pg_stopped_and_started_under_load(make_proxy, pg_db, pg_server,
     assert readyz(p) == 200
 
 
+def siphash24(key, msg):
+    """SipHash-2-4 of msg under a 16-byte key (common/siphash.c)."""
+    mask = (1 << 64) - 1
+
+    def rotl(x, b):
+        return ((x << b) | (x >> (64 - b))) & mask
+
+    k0 = int.from_bytes(key[:8], "little")
+    k1 = int.from_bytes(key[8:16], "little")
+    v = [k0 ^ 0x736f6d6570736575, k1 ^ 0x646f72616e646f6d,
+         k0 ^ 0x6c7967656e657261, k1 ^ 0x7465646279746573]
+
+    def rounds(n):
+        for _ in range(n):
+            v[0] = (v[0] + v[1]) & mask
+            v[1] = rotl(v[1], 13) ^ v[0]
+            v[0] = rotl(v[0], 32)
+            v[2] = (v[2] + v[3]) & mask
+            v[3] = rotl(v[3], 16) ^ v[2]
+            v[0] = (v[0] + v[3]) & mask
+            v[3] = rotl(v[3], 21) ^ v[0]
+            v[2] = (v[2] + v[1]) & mask
+            v[1] = rotl(v[1], 17) ^ v[2]
+            v[2] = rotl(v[2], 32)
+
+    whole = len(msg) - len(msg) % 8
+    blocks = [int.from_bytes(msg[i:i + 8], "little")
+              for i in range(0, whole, 8)]
+    blocks.append(((len(msg) & 0xff) << 56) |
+                  int.from_bytes(msg[whole:], "little"))
+    for m in blocks:
+        v[3] ^= m
+        rounds(2)
+        v[0] ^= m
+    v[2] ^= 0xff
+    rounds(4)
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+def pg_lock_id(scope, key):
+    """A key's advisory lock, as pg_lock_id() in store_pg.c computes it."""
+    h = siphash24(b"idemproxy-lock-1", scope.encode() + b"\0" + key.encode())
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def lock_waiters(db):
+    """(pid, query_start) of the backends waiting for an advisory lock."""
+    out = db.psql("select pid, query_start from pg_stat_activity"
+                  " where wait_event_type = 'Lock'"
+                  " and wait_event = 'advisory'")
+    return sorted(tuple(line.split("|")) for line in out.splitlines())
+
+
+def test_a_batch_waiting_for_a_lock_holds_up_no_other_key(make_proxy, pg_db,
+                                                          stub):
+    """A claim whose batch waits for a lock - the key's advisory lock, held
+    by another session as another instance's claim of that key holds it -
+    does not hold up the other keys of its worker: they are answered while
+    that very statement still waits (the queue waits for a batch in flight
+    only briefly, then goes to another statement connection). Then the
+    lock goes and the waiting key executes once."""
+    p = start_pg_proxy(make_proxy, pg_db, workers=1)
+    stuck_key = newkey("stuck")
+    holder = subprocess.Popen(
+        [PSQL_BIN, "-h", "127.0.0.1", "-p", str(pg_db.server.port), "-U",
+         "postgres", "-d", pg_db.name, "-X", "-q"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, text=True)
+    try:
+        holder.stdin.write(
+            f"select pg_advisory_lock({pg_lock_id('', stuck_key)});\n")
+        holder.stdin.flush()
+        deadline = time.monotonic() + 10
+        while pg_db.psql("select count(*) from pg_locks where"
+                         " locktype = 'advisory' and granted") != "1":
+            assert time.monotonic() < deadline, "the lock was not taken"
+            time.sleep(0.05)
+        with cf.ThreadPoolExecutor(1) as one:
+            stuck = one.submit(post, p.port, stuck_key, timeout=30)
+            deadline = time.monotonic() + 10
+            while not lock_waiters(pg_db):
+                assert time.monotonic() < deadline, "the claim never waited"
+                time.sleep(0.05)
+            waiting = lock_waiters(pg_db)
+            with cf.ThreadPoolExecutor(4) as four:
+                rs = list(four.map(lambda i: post(p.port, newkey(f"free{i}")),
+                                   range(24)))
+            assert [r.status for r in rs] == [200] * 24
+            # the same statement still waits: nothing needed it to end
+            assert lock_waiters(pg_db) == waiting
+            assert not stuck.done()
+            holder.stdin.write("select pg_advisory_unlock_all();\n")
+            holder.stdin.flush()
+            r = stuck.result(timeout=30)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.status == 200 and not replayed(r)
+    assert stub.stats()["keys"].get(stuck_key) == 1
+
+
 def test_pg_crash_under_load_recovers(make_proxy, pg_db, pg_server, stub):
     """An immediate stop (a crash: connections reset, crash recovery at
     start): the proxy survives and recovers, no duplicate execution of a
