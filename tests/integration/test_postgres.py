@@ -579,7 +579,8 @@ def test_a_batch_waiting_for_a_lock_holds_up_no_other_key(make_proxy, pg_db,
     stuck_key = newkey("stuck")
     holder = subprocess.Popen(
         [PSQL_BIN, "-h", "127.0.0.1", "-p", str(pg_db.server.port), "-U",
-         "postgres", "-d", pg_db.name, "-X", "-q"],
+         "postgres", "-d", f"dbname={pg_db.name} application_name=holder",
+         "-X", "-q"],
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, text=True)
     try:
@@ -587,8 +588,10 @@ def test_a_batch_waiting_for_a_lock_holds_up_no_other_key(make_proxy, pg_db,
             f"select pg_advisory_lock({pg_lock_id('', stuck_key)});\n")
         holder.stdin.flush()
         deadline = time.monotonic() + 10
-        while pg_db.psql("select count(*) from pg_locks where"
-                         " locktype = 'advisory' and granted") != "1":
+        while pg_db.psql("select count(*) from pg_locks l"
+                         " join pg_stat_activity a using (pid)"
+                         " where l.locktype = 'advisory' and l.granted"
+                         " and a.application_name = 'holder'") != "1":
             assert time.monotonic() < deadline, "the lock was not taken"
             time.sleep(0.05)
         with cf.ThreadPoolExecutor(1) as one:
