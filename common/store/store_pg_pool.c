@@ -1207,26 +1207,35 @@ static void hold_cb(evutil_socket_t fd, short what, void *arg)
 	dispatch(arg);
 }
 
+/* Whether the queue is held; if so, dispatch runs again when it may go. */
+static bool held(struct pg_local *l)
+{
+	uint64_t wait_us;
+	struct timeval tv = { 0, 0 };
+
+	if (!hold(l, clock_us(), &wait_us))
+		return false;
+	tv.tv_usec = (suseconds_t)wait_us;
+	evtimer_add(l->hold, &tv);
+	return true;
+}
+
 /* Give queued operations to idle connections, unless they are held; open
  * one more when work waits that nothing holds and none is idle. */
 static void dispatch(struct pg_local *l)
 {
-	uint64_t wait_us;
-
 	drop_stale(l);
 	for (int i = 0; i < l->nconns && !TAILQ_EMPTY(&l->queue); i++) {
 		struct pg_conn *c = &l->conns[i];
 
-		if (hold(l, clock_us(), &wait_us)) {
-			struct timeval tv = { 0, (suseconds_t)wait_us };
-
-			evtimer_add(l->hold, &tv);
+		if (c->state != PGC_IDLE)
+			continue;
+		if (held(l))
 			return;
-		}
-		if (c->state == PGC_IDLE)
-			send_batch(c);
+		send_batch(c);
 	}
-	grow(l);
+	if (!TAILQ_EMPTY(&l->queue) && !held(l))
+		grow(l);
 }
 
 /*
