@@ -296,6 +296,7 @@ void conn_close(struct conn *c, const char *reason)
 	evtimer_del(c->timer);
 	event_del(c->kick);
 	event_del(c->flush);
+	c->flush_armed = false;
 	if (c->tls_pump != NULL)
 		event_del(c->tls_pump);
 	bufferevent_disable(c->bev, EV_READ | EV_WRITE);
@@ -863,6 +864,7 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
 	struct conn *c = arg;
 	struct evbuffer *out = bufferevent_get_output(c->bev);
 
+	c->flush_armed = false;
 	if (c->state == CONN_ST_CLOSED || evbuffer_get_length(out) == 0 ||
 	    (bufferevent_get_enabled(c->bev) & EV_WRITE))
 		return;
@@ -881,14 +883,18 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
 	write_cb(c->bev, c);	/* drained: what the write event would do */
 }
 
-/* Bytes were queued for the client: flush them at the end of this turn. */
+/* Bytes were queued for the client: flush them at the end of this turn
+ * (once: every add to the buffer lands here). */
 static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *info,
 			 void *arg)
 {
 	struct conn *c = arg;
 
-	if (info->n_added > 0 && !(bufferevent_get_enabled(c->bev) & EV_WRITE))
+	if (info->n_added > 0 && !c->flush_armed &&
+	    !(bufferevent_get_enabled(c->bev) & EV_WRITE)) {
+		c->flush_armed = true;
 		event_active(c->flush, EV_WRITE, 1);
+	}
 }
 
 struct conn *conn_new(struct conn_loop *l, evutil_socket_t fd,

@@ -111,6 +111,7 @@ struct conn {
 					 * linger timeout */
 	struct event *kick;		/* parse pipelined input next turn */
 	struct event *flush;		/* write the output at the end of the turn */
+	bool flush_armed;		/* ... already active this turn */
 	struct event *tls_pump;		/* TLS: pull what OpenSSL holds (conn.c) */
 	enum conn_state state;
 	bool draining;			/* SIGTERM: this is the last request */

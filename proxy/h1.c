@@ -10,6 +10,8 @@
 
 #include <event2/buffer.h>
 
+#include "problem.h"
+
 void h1_head_init(struct h1_head *h, size_t max)
 {
 	memset(h, 0, sizeof(*h));
@@ -135,25 +137,77 @@ bool h1_only_chunked(const struct hdrlist *h)
 	return n == 1;
 }
 
-void h1_write_fields(struct evbuffer *out, const struct hdrlist *h,
+void h1_out_init(struct h1_out *o, struct evbuffer *to)
+{
+	o->to = to;
+	o->n = 0;
+}
+
+void h1_out_flush(struct h1_out *o)
+{
+	if (o->n > 0)
+		evbuffer_add(o->to, o->b, o->n);
+	o->n = 0;
+}
+
+void h1_out_add(struct h1_out *o, const void *p, size_t len)
+{
+	if (len > sizeof(o->b) - o->n) {
+		h1_out_flush(o);
+		if (len >= sizeof(o->b)) {	/* a field of its own size */
+			evbuffer_add(o->to, p, len);
+			return;
+		}
+	}
+	memcpy(o->b + o->n, p, len);
+	o->n += len;
+}
+
+void h1_out_str(struct h1_out *o, const char *s)
+{
+	h1_out_add(o, s, strlen(s));
+}
+
+void h1_out_dec(struct h1_out *o, uint64_t v)
+{
+	char d[20];
+	size_t i = sizeof(d);
+
+	do {
+		d[--i] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v > 0);
+	h1_out_add(o, d + i, sizeof(d) - i);
+}
+
+void h1_status_line(struct h1_out *o, int status)
+{
+	h1_out_add(o, "HTTP/1.1 ", 9);
+	h1_out_dec(o, status >= 0 ? (uint64_t)status : 0);
+	h1_out_add(o, " ", 1);
+	h1_out_str(o, http_reason(status));
+	h1_out_add(o, "\r\n", 2);
+}
+
+void h1_write_fields(struct h1_out *o, const struct hdrlist *h,
 		     h1_field_filter keep, void *arg)
 {
 	for (uint32_t i = 0; i < h->n; i++) {
 		if (keep != NULL && !keep(h, i, arg))
 			continue;
-		evbuffer_add(out, hdr_name(h, i), h->v[i].name_len);
-		evbuffer_add(out, ": ", 2);
-		evbuffer_add(out, hdr_value(h, i), h->v[i].value_len);
-		evbuffer_add(out, "\r\n", 2);
+		h1_out_add(o, hdr_name(h, i), h->v[i].name_len);
+		h1_out_add(o, ": ", 2);
+		h1_out_add(o, hdr_value(h, i), h->v[i].value_len);
+		h1_out_add(o, "\r\n", 2);
 	}
 }
 
-void h1_write_connection(struct evbuffer *out, bool close, bool http10)
+void h1_write_connection(struct h1_out *o, bool close, bool http10)
 {
 	if (close)
-		evbuffer_add(out, "Connection: close\r\n", 19);
+		h1_out_add(o, "Connection: close\r\n", 19);
 	else if (http10)
-		evbuffer_add(out, "Connection: keep-alive\r\n", 24);
+		h1_out_add(o, "Connection: keep-alive\r\n", 24);
 }
 
 bool h1_socket_readable(int fd)

@@ -51,15 +51,40 @@ bool h1_keep_alive(const struct hdrlist *h, int major, int minor);
  * once, case-insensitive)? */
 bool h1_only_chunked(const struct hdrlist *h);
 
+/*
+ * A head on its way out. Its pieces are gathered here and reach the
+ * evbuffer in one evbuffer_add when the head is done (or whenever the
+ * space fills): an evbuffer runs its callbacks on every add, and a
+ * connection's output buffer has two (the bufferevent's and the flush at
+ * the end of the turn), so a head written field by field paid for them a
+ * dozen times. Nothing else may be added to `to` between h1_out_init()
+ * and h1_out_flush(), or the bytes would go out of order.
+ */
+struct h1_out {
+	struct evbuffer *to;
+	size_t n;
+	char b[4096];
+};
+
+void h1_out_init(struct h1_out *o, struct evbuffer *to);
+void h1_out_add(struct h1_out *o, const void *p, size_t len);
+void h1_out_str(struct h1_out *o, const char *s);
+void h1_out_dec(struct h1_out *o, uint64_t v);	/* in decimal */
+/* Hand what is gathered to the evbuffer; o may be used again. */
+void h1_out_flush(struct h1_out *o);
+
+/* A status line, "HTTP/1.1 <status> <reason>\r\n". */
+void h1_status_line(struct h1_out *o, int status);
+
 /* Write every field of h that keep() accepts as "Name: value\r\n". */
 typedef bool (*h1_field_filter)(const struct hdrlist *h, uint32_t i, void *arg);
-void h1_write_fields(struct evbuffer *out, const struct hdrlist *h,
+void h1_write_fields(struct h1_out *o, const struct hdrlist *h,
 		     h1_field_filter keep, void *arg);
 
 /* The Connection field a response of ours carries: "close" when the
  * connection ends after it, "keep-alive" to an HTTP/1.0 client that may
  * keep it, none otherwise. */
-void h1_write_connection(struct evbuffer *out, bool close, bool http10);
+void h1_write_connection(struct h1_out *o, bool close, bool http10);
 
 /* Has the peer sent anything (bytes, or its FIN) that waits on fd? For
  * a read timeout that fired late (the process was stalled): then it is not

@@ -324,8 +324,12 @@ static bool stored_field(const struct hdrlist *h, uint32_t i, void *arg)
 /* Serialise the end-to-end fields of a response for storage. */
 static void capture_head(struct idem *ix, const struct upstream_resp *r)
 {
+	struct h1_out o;
+
 	ix->status = r->status;
-	h1_write_fields(ix->cap_head, r->headers, stored_field, ix);
+	h1_out_init(&o, ix->cap_head);
+	h1_write_fields(&o, r->headers, stored_field, ix);
+	h1_out_flush(&o);
 }
 
 static void up_head(void *arg, const struct upstream_resp *r)

@@ -11,10 +11,12 @@
 #include "h1.h"
 #include "upstream.h"
 
-static void status_line(struct evbuffer *out, int status)
+/* "Content-Length: <n>\r\n" */
+static void content_length(struct h1_out *o, uint64_t n)
 {
-	evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\n", status,
-			    http_reason(status));
+	h1_out_add(o, "Content-Length: ", 16);
+	h1_out_dec(o, n);
+	h1_out_add(o, "\r\n", 2);
 }
 
 void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
@@ -23,19 +25,22 @@ void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
 	char body[1024];
 	size_t len = problem_render(p, detail, body, sizeof(body));
 	int status = problem_status(p);
+	struct h1_out o;
 
-	status_line(out, status);
-	evbuffer_add_printf(out, "Content-Type: application/problem+json\r\n"
-			    "Content-Length: %zu\r\n", len);
+	h1_out_init(&o, out);
+	h1_status_line(&o, status);
+	h1_out_str(&o, "Content-Type: application/problem+json\r\n");
+	content_length(&o, len);
 	if (status == 503 || p == PROBLEM_IN_PROGRESS ||
 	    p == PROBLEM_TOO_MANY_REQUESTS)
-		evbuffer_add(out, "Retry-After: 1\r\n", 16);
+		h1_out_add(&o, "Retry-After: 1\r\n", 16);
 	if (p == PROBLEM_TOKEN_INVALID)		/* RFC 6750 §3 */
-		evbuffer_add_printf(out, "WWW-Authenticate: Bearer "
-				    "error=\"invalid_token\"\r\n");
-	h1_write_connection(out, rc.close, rc.http10);
-	evbuffer_add(out, "\r\n", 2);
-	evbuffer_add(out, body, len);
+		h1_out_str(&o, "WWW-Authenticate: Bearer "
+			   "error=\"invalid_token\"\r\n");
+	h1_write_connection(&o, rc.close, rc.http10);
+	h1_out_add(&o, "\r\n", 2);
+	h1_out_add(&o, body, len);
+	h1_out_flush(&o);
 }
 
 /* End-to-end fields of a relayed head; keep_cl keeps Content-Length. */
@@ -51,17 +56,20 @@ static bool relayed_field(const struct hdrlist *h, uint32_t i, void *arg)
 void reply_relay_head(struct evbuffer *out, const struct upstream_resp *r,
 		      bool keep_cl, bool chunked, struct reply_conn rc)
 {
-	status_line(out, r->status);
-	h1_write_fields(out, r->headers, relayed_field, &keep_cl);
+	struct h1_out o;
+
+	h1_out_init(&o, out);
+	h1_status_line(&o, r->status);
+	h1_write_fields(&o, r->headers, relayed_field, &keep_cl);
 	if (r->status >= 200) {
 		if (r->body == BODY_LENGTH)
-			evbuffer_add_printf(out, "Content-Length: %llu\r\n",
-					    (unsigned long long)r->content_length);
+			content_length(&o, r->content_length);
 		else if (chunked)
-			evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
-		h1_write_connection(out, rc.close, rc.http10);
+			h1_out_add(&o, "Transfer-Encoding: chunked\r\n", 28);
+		h1_write_connection(&o, rc.close, rc.http10);
 	}
-	evbuffer_add(out, "\r\n", 2);
+	h1_out_add(&o, "\r\n", 2);
+	h1_out_flush(&o);
 }
 
 /* evbuffer_add_reference's cleanup: the replay has been written out. */
@@ -73,15 +81,17 @@ static void unref_stored(const void *data, size_t len, void *extra)
 void reply_replay(struct evbuffer *out, struct stored_response *r, bool head,
 		  struct reply_conn rc)
 {
-	status_line(out, r->status);
-	evbuffer_add(out, r->head, r->head_len);
-	if (head || r->status == 204 || r->status == 304 || r->status < 200)
-		evbuffer_add(out, "Idempotent-Replayed: true\r\n", 27);
-	else
-		evbuffer_add_printf(out, "Content-Length: %zu\r\n"
-				    "Idempotent-Replayed: true\r\n", r->body_len);
-	h1_write_connection(out, rc.close, rc.http10);
-	evbuffer_add(out, "\r\n", 2);
+	struct h1_out o;
+
+	h1_out_init(&o, out);
+	h1_status_line(&o, r->status);
+	h1_out_add(&o, r->head, r->head_len);
+	if (!(head || r->status == 204 || r->status == 304 || r->status < 200))
+		content_length(&o, r->body_len);
+	h1_out_add(&o, "Idempotent-Replayed: true\r\n", 27);
+	h1_write_connection(&o, rc.close, rc.http10);
+	h1_out_add(&o, "\r\n", 2);
+	h1_out_flush(&o);
 	/* one stored body, shared by every replay in progress */
 	if (r->body_len > 0 && !head &&
 	    evbuffer_add_reference(out, r->body, r->body_len, unref_stored,
@@ -92,10 +102,16 @@ void reply_replay(struct evbuffer *out, struct stored_response *r, bool head,
 void reply_issued_key(struct evbuffer *out, const char *key,
 		      struct reply_conn rc)
 {
-	status_line(out, 200);
-	evbuffer_add_printf(out, "Content-Type: application/json\r\n"
-			    "Cache-Control: no-store\r\n"
-			    "Content-Length: %zu\r\n", strlen(key) + 10);
-	h1_write_connection(out, rc.close, rc.http10);
-	evbuffer_add_printf(out, "\r\n{\"key\":\"%s\"}", key);
+	struct h1_out o;
+
+	h1_out_init(&o, out);
+	h1_status_line(&o, 200);
+	h1_out_str(&o, "Content-Type: application/json\r\n"
+		   "Cache-Control: no-store\r\n");
+	content_length(&o, strlen(key) + 10);
+	h1_write_connection(&o, rc.close, rc.http10);
+	h1_out_add(&o, "\r\n{\"key\":\"", 10);
+	h1_out_str(&o, key);
+	h1_out_add(&o, "\"}", 2);
+	h1_out_flush(&o);
 }

@@ -14,22 +14,25 @@
 #include "h1.h"
 
 /* X-Forwarded-For: the client's list, comma-joined, then the peer. */
-static void write_forwarded_for(struct evbuffer *out, const struct reqhead *r)
+static void write_forwarded_for(struct h1_out *o, const struct reqhead *r)
 {
 	const struct hdrlist *h = r->fields;
 	bool first = true;
 
-	evbuffer_add(out, "X-Forwarded-For: ", 17);
+	h1_out_add(o, "X-Forwarded-For: ", 17);
 	for (int i = hdrlist_find(h, "x-forwarded-for", 0); i >= 0;
 	     i = hdrlist_find(h, "x-forwarded-for", (uint32_t)i + 1)) {
 		if (h->v[i].value_len == 0)
 			continue;
 		if (!first)
-			evbuffer_add(out, ", ", 2);
-		evbuffer_add(out, hdr_value(h, (uint32_t)i), h->v[i].value_len);
+			h1_out_add(o, ", ", 2);
+		h1_out_add(o, hdr_value(h, (uint32_t)i), h->v[i].value_len);
 		first = false;
 	}
-	evbuffer_add_printf(out, "%s%s\r\n", first ? "" : ", ", r->peer);
+	if (!first)
+		h1_out_add(o, ", ", 2);
+	h1_out_str(o, r->peer);
+	h1_out_add(o, "\r\n", 2);
 }
 
 /*
@@ -62,40 +65,56 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 	return !(r->drop_expect && n == 6 && strcasecmp(name, "expect") == 0);
 }
 
+/* A field whose value is a string of ours. */
+static void write_field(struct h1_out *o, const char *name, const char *value)
+{
+	h1_out_str(o, name);
+	h1_out_str(o, value);
+	h1_out_add(o, "\r\n", 2);
+}
+
 void reqhead_write(struct evbuffer *out, const struct reqhead *r)
 {
 	const struct hdrlist *h = r->fields;
 	const char *prefix = r->cfg->upstream_prefix;
 	int host = hdrlist_find(h, "host", 0);
+	struct h1_out o;
 
-	evbuffer_add_printf(out, "%s %s%s HTTP/1.1\r\n",
-			    llhttp_method_name((llhttp_method_t)r->method), prefix,
-			    strcmp(r->target, "*") == 0 && prefix[0] ? "" :
-								      r->target);
-	h1_write_fields(out, h, forwarded_field, (void *)r);
-	if (host < 0)
-		evbuffer_add_printf(out, "Host: %s:%s\r\n",
-				    r->cfg->upstream_hp.host, r->cfg->upstream_hp.port);
-	write_forwarded_for(out, r);
+	h1_out_init(&o, out);
+	h1_out_str(&o, llhttp_method_name((llhttp_method_t)r->method));
+	h1_out_add(&o, " ", 1);
+	h1_out_str(&o, prefix);
+	if (!(strcmp(r->target, "*") == 0 && prefix[0]))
+		h1_out_str(&o, r->target);
+	h1_out_add(&o, " HTTP/1.1\r\n", 11);
+	h1_write_fields(&o, h, forwarded_field, (void *)r);
+	if (host < 0) {
+		h1_out_add(&o, "Host: ", 6);
+		h1_out_str(&o, r->cfg->upstream_hp.host);
+		h1_out_add(&o, ":", 1);
+		h1_out_str(&o, r->cfg->upstream_hp.port);
+		h1_out_add(&o, "\r\n", 2);
+	}
+	write_forwarded_for(&o, r);
 	if (r->tls)
-		evbuffer_add(out, "X-Forwarded-Proto: https\r\n", 26);
+		h1_out_add(&o, "X-Forwarded-Proto: https\r\n", 26);
 	else if (hdrlist_find(h, "x-forwarded-proto", 0) < 0)
-		evbuffer_add(out, "X-Forwarded-Proto: http\r\n", 25);
+		h1_out_add(&o, "X-Forwarded-Proto: http\r\n", 25);
 	if (host >= 0 && hdrlist_find(h, "x-forwarded-host", 0) < 0)
-		evbuffer_add_printf(out, "X-Forwarded-Host: %s\r\n",
-				    hdr_value(h, (uint32_t)host));
+		write_field(&o, "X-Forwarded-Host: ", hdr_value(h, (uint32_t)host));
 	if (r->client_subject != NULL)
-		evbuffer_add_printf(out, "X-Client-Cert-Subject: %s\r\n",
-				    r->client_subject);
+		write_field(&o, "X-Client-Cert-Subject: ", r->client_subject);
 	if (r->client_san != NULL)
-		evbuffer_add_printf(out, "X-Client-Cert-SAN: %s\r\n",
-				    r->client_san);
-	if (r->body == BODY_LENGTH)
-		evbuffer_add_printf(out, "Content-Length: %llu\r\n",
-				    (unsigned long long)r->length);
-	else if (r->body == BODY_CHUNKED)
-		evbuffer_add(out, "Transfer-Encoding: chunked\r\n", 28);
-	evbuffer_add(out, "\r\n", 2);
+		write_field(&o, "X-Client-Cert-SAN: ", r->client_san);
+	if (r->body == BODY_LENGTH) {
+		h1_out_add(&o, "Content-Length: ", 16);
+		h1_out_dec(&o, r->length);
+		h1_out_add(&o, "\r\n", 2);
+	} else if (r->body == BODY_CHUNKED) {
+		h1_out_add(&o, "Transfer-Encoding: chunked\r\n", 28);
+	}
+	h1_out_add(&o, "\r\n", 2);
+	h1_out_flush(&o);
 }
 
 const char *reqhead_origin_target(const char *t, int method)

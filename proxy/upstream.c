@@ -91,6 +91,7 @@ struct upstream {
 	int depth;		/* callbacks of ours on the stack */
 
 	struct event *flush;		/* write the output at the end of the turn */
+	bool flush_armed;		/* ... already active this turn */
 	struct event *next_addr;	/* UP_ADDR_CONNECT_MS of this address */
 	int addr;		/* index in the pool's addresses: connecting to */
 	int tried;		/* addresses tried for this connection */
@@ -185,6 +186,7 @@ static void up_close(struct upstream *u)
 	u->bev = NULL;
 	u->cbs = NULL;
 	event_del(u->flush);
+	u->flush_armed = false;
 	event_del(u->next_addr);
 	metrics_gauge_add(GAUGE_upstream_connections, -1);
 	if (u->depth == 0)
@@ -514,6 +516,7 @@ static void flush_cb(evutil_socket_t fd, short what, void *arg)
 	struct upstream *u = arg;
 	struct evbuffer *out;
 
+	u->flush_armed = false;
 	if (u->dead || u->state != UP_ST_BUSY)
 		return;
 	out = bufferevent_get_output(u->bev);
@@ -539,9 +542,11 @@ static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *in
 {
 	struct upstream *u = arg;
 
-	if (info->n_added > 0 && !u->dead &&
-	    !(bufferevent_get_enabled(u->bev) & EV_WRITE))
+	if (info->n_added > 0 && !u->dead && !u->flush_armed &&
+	    !(bufferevent_get_enabled(u->bev) & EV_WRITE)) {
+		u->flush_armed = true;
 		event_active(u->flush, EV_WRITE, 1);
+	}
 }
 
 /* An error or a close on an https connection that TLS explains (a
