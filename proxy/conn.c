@@ -132,6 +132,10 @@ void conn_read_timeout(struct conn *c, uint64_t ms)
 	struct timeval rd = clock_tv(ms);
 	struct timeval wr = clock_tv(c->loop->cfg->idle_timeout_ms);
 
+	/* setting them re-adds the bufferevent's events: only on a change */
+	if (ms == c->read_timeout_ms)
+		return;
+	c->read_timeout_ms = ms;
 	bufferevent_set_timeouts(c->bev, ms ? &rd : NULL, &wr);
 }
 
@@ -212,7 +216,8 @@ bool conn_upstream_error(struct conn *c, enum upstream_error err)
 /* Read from the client again (after a pause, or for the next request). */
 void conn_read_on(struct conn *c)
 {
-	bufferevent_enable(c->bev, EV_READ);
+	if (!(bufferevent_get_enabled(c->bev) & EV_READ))
+		bufferevent_enable(c->bev, EV_READ);
 	conn_tls_pump_later(c);
 }
 
@@ -235,6 +240,7 @@ static void start_linger(struct conn *c)
 	evbuffer_drain(bufferevent_get_input(c->bev),
 		       evbuffer_get_length(bufferevent_get_input(c->bev)));
 	bufferevent_set_timeouts(c->bev, NULL, NULL);
+	c->read_timeout_ms = RT_UNSET;
 	bufferevent_enable(c->bev, EV_READ);
 	evtimer_add(c->timer, &tv);
 }
@@ -907,6 +913,7 @@ struct conn *conn_new(struct conn_loop *l, evutil_socket_t fd,
 		goto fail;
 	c->loop = l;
 	c->method = -1;
+	c->read_timeout_ms = RT_UNSET;
 	if (l->tls != NULL) {
 		if (conn_tls_accept(c, fd) < 0) {
 			fd = -1;	/* closed with c->bev, or leaked (OOM) */

@@ -43,6 +43,10 @@ struct conn_loop;
  * close, so that the client reads our response instead of a reset). */
 #define CONN_LINGER_MS 2000
 
+/* conn.read_timeout_ms before conn_read_timeout() set one, or after
+ * another setting replaced it */
+#define RT_UNSET UINT64_MAX
+
 enum conn_state {
 	CONN_ST_IDLE,		/* keep-alive: waiting for a request's first byte */
 	CONN_ST_READ_HEAD,	/* request line and header fields arriving */
@@ -112,6 +116,7 @@ struct conn {
 	struct event *kick;		/* parse pipelined input next turn */
 	struct event *flush;		/* write the output at the end of the turn */
 	bool flush_armed;		/* ... already active this turn */
+	uint64_t read_timeout_ms;	/* conn_read_timeout()'s; RT_UNSET: not ours */
 	struct event *tls_pump;		/* TLS: pull what OpenSSL holds (conn.c) */
 	enum conn_state state;
 	bool draining;			/* SIGTERM: this is the last request */
