@@ -252,12 +252,25 @@ bool httphdr_drop_on_forward(const struct hdrlist *h, uint32_t i)
 	return false;
 }
 
+/* RFC 9110 tchar: ALPHA, DIGIT and "!#$%&'*+-.^_`|~", as two bit masks of
+ * the ASCII range (every byte of every field name is looked up here) */
+#define TC_BIT(c) (UINT64_C(1) << ((c) & 63))
+#define TC_RUN(first, n) (((UINT64_C(1) << (n)) - 1) << ((first) & 63))
+static const uint64_t tchar_lo =	/* 0x00-0x3f */
+	TC_BIT('!') | TC_BIT('#') | TC_BIT('$') | TC_BIT('%') | TC_BIT('&') |
+	TC_BIT('\'') | TC_BIT('*') | TC_BIT('+') | TC_BIT('-') | TC_BIT('.') |
+	TC_RUN('0', 10);
+static const uint64_t tchar_hi =	/* 0x40-0x7f */
+	TC_RUN('A', 26) | TC_BIT('^') | TC_BIT('_') | TC_BIT('`') |
+	TC_RUN('a', 26) | TC_BIT('|') | TC_BIT('~');
+#undef TC_BIT
+#undef TC_RUN
+
 static bool is_tchar(unsigned char c)
 {
-	if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
-	    (c >= 'A' && c <= 'Z'))
-		return true;
-	return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+	if (c < 64)
+		return (tchar_lo >> c) & 1;
+	return c < 128 && ((tchar_hi >> (c - 64)) & 1);
 }
 
 bool httphdr_is_token(const char *s, size_t len)

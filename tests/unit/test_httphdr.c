@@ -91,6 +91,21 @@ static void test_lists_and_tokens(void)
 	ok(!httphdr_is_token("X Foo", 5), "space is not a token char");
 	ok(!httphdr_is_token("", 0), "empty is not a token");
 	ok(!httphdr_is_token("a:b", 3), "colon is not a token char");
+	{
+		/* every byte against RFC 9110's list */
+		const char *extra = "!#$%&'*+-.^_`|~";
+		int wrong = 0;
+
+		for (int c = 0; c < 256; c++) {
+			char b = (char)c;
+			bool want = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+				    (c >= 'A' && c <= 'Z') ||
+				    (c != 0 && strchr(extra, c) != NULL);
+
+			wrong += httphdr_is_token(&b, 1) != want;
+		}
+		is_int(wrong, 0, "each of the 256 bytes is a token char or not as RFC 9110 says");
+	}
 }
 
 static void test_validate(void)
