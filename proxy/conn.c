@@ -747,7 +747,8 @@ static void write_cb(struct bufferevent *bev, void *arg)
 	struct conn *c = arg;
 
 	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 &&
-	    c->state != CONN_ST_CLOSING)
+	    c->state != CONN_ST_CLOSING &&
+	    (bufferevent_get_enabled(bev) & EV_WRITE))
 		bufferevent_disable(bev, EV_WRITE);	/* back to flush_cb */
 	if (c->state == CONN_ST_CLOSING) {
 		if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)

@@ -496,7 +496,8 @@ static void write_cb(struct bufferevent *bev, void *arg)
 	struct upstream *u = arg;
 
 	if (evbuffer_get_length(bufferevent_get_output(bev)) == 0 &&
-	    u->state != UP_ST_CONNECTING)
+	    u->state != UP_ST_CONNECTING &&
+	    (bufferevent_get_enabled(bev) & EV_WRITE))
 		bufferevent_disable(bev, EV_WRITE);	/* back to flush_cb */
 
 	if (u->state != UP_ST_BUSY || u->cbs == NULL || u->cbs->on_drain == NULL)
@@ -738,6 +739,14 @@ void upstream_pool_free(struct upstream_pool *p)
 	if (p->dns != NULL)
 		evdns_base_free(p->dns, 1);
 	free(p);
+}
+
+/* Reading on. Enabling what is on re-adds the event: an idle connection
+ * reads already, and set_timeouts() has just re-added it. */
+static void read_on(struct upstream *u)
+{
+	if (!(bufferevent_get_enabled(u->bev) & EV_READ))
+		bufferevent_enable(u->bev, EV_READ);
 }
 
 /* Reading is timed once the request is out, and during a TLS handshake
@@ -984,7 +993,7 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 	if (u->state == UP_ST_CONNECTING)
 		bufferevent_enable(u->bev, EV_READ | EV_WRITE);	/* the connect */
 	else
-		bufferevent_enable(u->bev, EV_READ);	/* writes: flush_cb */
+		read_on(u);	/* writes: flush_cb */
 	return u;
 }
 
@@ -1044,7 +1053,7 @@ void upstream_release(struct upstream *u)
 	p->nidle++;
 	h1_head_reset(&u->head, UP_MAX_HEAD);
 	bufferevent_set_timeouts(u->bev, &idle, NULL);
-	bufferevent_enable(u->bev, EV_READ);
+	read_on(u);	/* an idle connection reads: a close, or stray bytes */
 }
 
 void upstream_abort(struct upstream *u)
