@@ -74,6 +74,12 @@
 #                      REDO_MAX times in all (0: never); the last one counts
 #   MEMORY_MAX=6GiB    idemproxy --memory-max-bytes: unique keys stay in the
 #                      store for --ttl (24h); 256MiB would fill in seconds
+#   MEMORY_TTL         the memory store's --ttl (unset: its default, 24h). A
+#                      short one with a small MEMORY_MAX (MEMORY_TTL=1s
+#                      MEMORY_MAX=64MiB) measures the store as a process that
+#                      has run longer than --ttl has it: full, every new key
+#                      in the memory of one that expired, where the default
+#                      measures a store that only grows
 #   PG_BINDIR=/usr/lib/postgresql/15/bin  REDIS=redis-server
 #   IDEMPROXY_BIN, STUB_BIN, BUILD_DIR (default build-bench, release)
 #   NGINX=nginx WRK=wrk PYTHON=/usr/bin/python3
@@ -94,6 +100,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+# shellcheck source=tests/bench/lib.sh
+. "$HERE/lib.sh"
 
 CONNS_LIST=${CONNS_LIST:-8 32}
 WORKERS=${WORKERS:-1}
@@ -109,6 +117,7 @@ STORE_CONNECTIONS=${STORE_CONNECTIONS:-}
 REDO_OTHER=${REDO_OTHER:-10}
 REDO_MAX=${REDO_MAX:-12}
 MEMORY_MAX=${MEMORY_MAX:-6GiB}
+MEMORY_TTL=${MEMORY_TTL:-}
 PG_BINDIR=${PG_BINDIR:-/usr/lib/postgresql/15/bin}
 REDIS=${REDIS:-redis-server}
 BUILD_DIR=${BUILD_DIR:-$ROOT/build-bench}
@@ -167,18 +176,6 @@ ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 PIDS=()
 PG_DATA=""
 
-stop_pid() {
-	local pid=$1 i
-	kill -0 "$pid" 2>/dev/null || return 0
-	kill -TERM "$pid" 2>/dev/null || true
-	for i in $(seq 50); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	kill -KILL "$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
-}
-
 AS_PG=()
 pg_stop() {
 	[[ -n $PG_DATA && -f $PG_DATA/postmaster.pid ]] || return 0
@@ -211,22 +208,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-free_port() {
-	"$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-wait_port() {	# wait_port PORT PID: until something accepts on PORT
-	local port=$1 pid=$2 i
-	for i in $(seq 100); do
-		kill -0 "$pid" 2>/dev/null || die "process $pid exited during start-up"
-		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-			return 0
-		fi
-		sleep 0.1
-	done
-	die "nothing listens on port $port after 10 s"
-}
 
 start_stub() {
 	"$STUB_BIN" --listen 127.0.0.1:0 >"$TMP/stub.out" 2>"$TMP/stub.log" &
@@ -499,7 +480,9 @@ echo "nginx:     $("$NGINX" -v 2>&1 | sed 's/^nginx version: //'), wrk: $("$WRK"
 
 start_stub
 start_nginx
-start_idemproxy mem --store memory --memory-max-bytes "$MEMORY_MAX"
+start_idemproxy mem --store memory --memory-max-bytes "$MEMORY_MAX" \
+	${MEMORY_TTL:+--ttl "$MEMORY_TTL"}
+echo "memory:    --memory-max-bytes $MEMORY_MAX, --ttl ${MEMORY_TTL:-default (24h)}"
 if [[ $PG == 1 ]]; then
 	start_pg
 	start_redis

@@ -26,6 +26,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+# shellcheck source=tests/bench/lib.sh
+. "$HERE/lib.sh"
 
 WORKERS_LIST=${WORKERS_LIST:-"1 2"}
 THREADS=${THREADS:-1}
@@ -66,18 +68,6 @@ STUB_BIN=${STUB_BIN:-$(dirname "$IDEMPROXY_BIN")/../tests/support/stub_upstream}
 TMP=$(mktemp -d /tmp/idemproxy-tls-bench.XXXXXX)
 PIDS=()
 
-stop_pid() {
-	local pid=$1 i
-	kill -0 "$pid" 2>/dev/null || return 0
-	kill -TERM "$pid" 2>/dev/null || true
-	for i in $(seq 50); do
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.1
-	done
-	kill -KILL "$pid" 2>/dev/null || true
-	wait "$pid" 2>/dev/null || true
-}
-
 cleanup() {
 	local rc=$? i
 	trap - EXIT INT TERM
@@ -98,22 +88,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-
-free_port() {
-	"$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-wait_port() {	# wait_port PORT PID: until something accepts on PORT
-	local port=$1 pid=$2 i
-	for i in $(seq 100); do
-		kill -0 "$pid" 2>/dev/null || die "process $pid exited during start-up"
-		if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-			return 0
-		fi
-		sleep 0.1
-	done
-	die "nothing listens on port $port after 10 s"
-}
 
 start_stub() {
 	"${server_cpu[@]}" "$STUB_BIN" --listen 127.0.0.1:0 >"$TMP/stub.out" 2>"$TMP/stub.log" &
