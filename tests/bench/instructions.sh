@@ -50,39 +50,12 @@ for tool in valgrind callgrind_control "$NGINX" "$PYTHON" openssl; do
 done
 [[ $COUNT =~ ^[1-9][0-9]*$ ]] || die "COUNT must be a positive integer"
 
-if [[ -z ${IDEMPROXY_BIN:-} ]]; then
-	if [[ ! -f $BUILD_DIR/build.ninja ]]; then
-		meson setup "$BUILD_DIR" "$ROOT" -Dbuildtype=release >/dev/null
-	fi
-	meson compile -C "$BUILD_DIR" >/dev/null
-	IDEMPROXY_BIN=$BUILD_DIR/proxy/idemproxy
-fi
-STUB_BIN=${STUB_BIN:-$(dirname "$IDEMPROXY_BIN")/../tests/support/stub_upstream}
-[[ -x $IDEMPROXY_BIN ]] || die "no idemproxy binary at $IDEMPROXY_BIN"
-[[ -x $STUB_BIN ]] || die "no stub upstream at $STUB_BIN"
+bench_binaries
 
 TMP=$(mktemp -d /tmp/idemproxy-instr-bench.XXXXXX)
 PIDS=()
 
-cleanup() {
-	local rc=$? i
-	trap - EXIT INT TERM
-	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-		stop_pid "${PIDS[i]}"
-	done
-	if [[ $rc -ne 0 ]]; then
-		for f in "$TMP"/*.log; do
-			[[ -s $f ]] || continue
-			echo "---- $f (last lines)" >&2
-			tail -n 20 "$f" >&2
-		done
-	fi
-	rm -rf "$TMP"
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_trap
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
 	-keyout "$TMP/key.pem" -out "$TMP/cert.pem" -days 2 -subj /CN=localhost \

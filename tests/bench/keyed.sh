@@ -152,21 +152,7 @@ if [[ $PG == 1 ]]; then
 fi
 
 # ---- build --------------------------------------------------------------
-BIN_ORIGIN="given as IDEMPROXY_BIN"
-if [[ -z ${IDEMPROXY_BIN:-} ]]; then
-	BIN_ORIGIN=built
-	if [[ ! -f $BUILD_DIR/build.ninja ]]; then
-		note "configuring release build in $BUILD_DIR"
-		meson setup "$BUILD_DIR" "$ROOT" -Dbuildtype=release >/dev/null
-	fi
-	note "building $BUILD_DIR"
-	meson compile -C "$BUILD_DIR" >/dev/null
-	IDEMPROXY_BIN=$BUILD_DIR/proxy/idemproxy
-	STUB_BIN=${STUB_BIN:-$BUILD_DIR/tests/support/stub_upstream}
-fi
-STUB_BIN=${STUB_BIN:-$(dirname "$IDEMPROXY_BIN")/../tests/support/stub_upstream}
-[[ -x $IDEMPROXY_BIN ]] || die "no idemproxy binary at $IDEMPROXY_BIN"
-[[ -x $STUB_BIN ]] || die "no stub upstream at $STUB_BIN"
+bench_binaries
 
 # ---- processes --------------------------------------------------------------
 TMP=$(mktemp -d /tmp/ikb.XXXXXX)	# short: PostgreSQL's socket lives here
@@ -188,26 +174,8 @@ pg_stop() {
 	fi
 }
 
-cleanup() {
-	local rc=$? i
-	trap - EXIT INT TERM
-	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-		stop_pid "${PIDS[i]}"
-	done
-	pg_stop
-	if [[ $rc -ne 0 && -d $TMP ]]; then
-		for f in "$TMP"/*.log "$TMP"/nginx/error.log; do
-			[[ -s $f ]] || continue
-			echo "---- $f (last lines)" >&2
-			tail -n 20 "$f" >&2
-		done
-	fi
-	rm -rf "$TMP"
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_stop_more() { pg_stop; }
+bench_trap
 
 start_stub() {
 	"$STUB_BIN" --listen 127.0.0.1:0 >"$TMP/stub.out" 2>"$TMP/stub.log" &

@@ -31,3 +31,56 @@ wait_port() {
 	done
 	die "nothing listens on port $port after $secs s"
 }
+
+# bench_binaries: IDEMPROXY_BIN, a release build in BUILD_DIR (under ROOT)
+# unless given, with BIN_ORIGIN saying which, and STUB_BIN; both checked
+bench_binaries() {
+	BIN_ORIGIN="given as IDEMPROXY_BIN"
+	if [[ -z ${IDEMPROXY_BIN:-} ]]; then
+		BIN_ORIGIN=built
+		if [[ ! -f $BUILD_DIR/build.ninja ]]; then
+			echo "# configuring release build in $BUILD_DIR" >&2
+			meson setup "$BUILD_DIR" "$ROOT" -Dbuildtype=release >/dev/null
+		fi
+		echo "# building $BUILD_DIR" >&2
+		meson compile -C "$BUILD_DIR" >/dev/null
+		IDEMPROXY_BIN=$BUILD_DIR/proxy/idemproxy
+		STUB_BIN=${STUB_BIN:-$BUILD_DIR/tests/support/stub_upstream}
+	fi
+	STUB_BIN=${STUB_BIN:-$(dirname "$IDEMPROXY_BIN")/../tests/support/stub_upstream}
+	[[ -x $IDEMPROXY_BIN ]] || die "no idemproxy binary at $IDEMPROXY_BIN"
+	[[ -x $STUB_BIN ]] || die "no stub upstream at $STUB_BIN"
+}
+
+# bench_trap: on exit (also Ctrl-C, TERM, a failure) run the script's
+# bench_stop_first() if it has one, stop every PID in PIDS, last started
+# first, then run its bench_stop_more(); after a failure show the last
+# lines of TMP's logs; remove TMP. The script sets TMP and PIDS=() first.
+bench_trap() {
+	trap bench_exit EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+}
+
+bench_exit() {
+	local rc=$? i f
+	trap - EXIT INT TERM
+	if declare -F bench_stop_first >/dev/null; then
+		bench_stop_first
+	fi
+	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+		stop_pid "${PIDS[i]}"
+	done
+	if declare -F bench_stop_more >/dev/null; then
+		bench_stop_more
+	fi
+	if [[ $rc -ne 0 && -d $TMP ]]; then
+		for f in "$TMP"/*.log "$TMP"/nginx/error.log; do
+			[[ -s $f ]] || continue
+			echo "---- $f (last lines)" >&2
+			tail -n 20 "$f" >&2
+		done
+	fi
+	rm -rf "$TMP"
+	exit "$rc"
+}

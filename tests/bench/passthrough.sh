@@ -62,21 +62,7 @@ done
 [[ $WORKERS =~ ^[1-9][0-9]*$ ]] || die "WORKERS must be a positive integer"
 
 # ---- build --------------------------------------------------------------
-BIN_ORIGIN="given as IDEMPROXY_BIN"
-if [[ -z ${IDEMPROXY_BIN:-} ]]; then
-	BIN_ORIGIN=built
-	if [[ ! -f $BUILD_DIR/build.ninja ]]; then
-		note "configuring release build in $BUILD_DIR"
-		meson setup "$BUILD_DIR" "$ROOT" -Dbuildtype=release >/dev/null
-	fi
-	note "building $BUILD_DIR"
-	meson compile -C "$BUILD_DIR" >/dev/null
-	IDEMPROXY_BIN=$BUILD_DIR/proxy/idemproxy
-	STUB_BIN=${STUB_BIN:-$BUILD_DIR/tests/support/stub_upstream}
-fi
-STUB_BIN=${STUB_BIN:-$(dirname "$IDEMPROXY_BIN")/../tests/support/stub_upstream}
-[[ -x $IDEMPROXY_BIN ]] || die "no idemproxy binary at $IDEMPROXY_BIN"
-[[ -x $STUB_BIN ]] || die "no stub upstream at $STUB_BIN"
+bench_binaries
 
 # ---- file descriptors -------------------------------------------------------
 need_fds=$((IDLE_CONNS * 2 + 1024))
@@ -93,26 +79,8 @@ fi
 TMP=$(mktemp -d /tmp/idemproxy-bench.XXXXXX)
 PIDS=()
 
-cleanup() {
-	local rc=$? i
-	trap - EXIT INT TERM
-	exec 9>&- 2>/dev/null || true
-	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-		stop_pid "${PIDS[i]}"
-	done
-	if [[ $rc -ne 0 && -d $TMP ]]; then
-		for f in "$TMP"/*.log "$TMP"/nginx/error.log; do
-			[[ -s $f ]] || continue
-			echo "---- $f (last lines)" >&2
-			tail -n 20 "$f" >&2
-		done
-	fi
-	rm -rf "$TMP"
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_stop_first() { exec 9>&- 2>/dev/null || true; }	# the idle connections' fifo
+bench_trap
 
 server_cpu=()
 wrk_cpu=()

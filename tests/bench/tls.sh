@@ -51,42 +51,12 @@ for tool in "$NGINX" "$WRK" "$PYTHON" openssl; do
 done
 [[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "REPEAT must be a positive integer"
 
-BIN_ORIGIN="given as IDEMPROXY_BIN"
-if [[ -z ${IDEMPROXY_BIN:-} ]]; then
-	BIN_ORIGIN=built
-	if [[ ! -f $BUILD_DIR/build.ninja ]]; then
-		note "configuring release build in $BUILD_DIR"
-		meson setup "$BUILD_DIR" "$ROOT" -Dbuildtype=release >/dev/null
-	fi
-	meson compile -C "$BUILD_DIR" >/dev/null
-	IDEMPROXY_BIN=$BUILD_DIR/proxy/idemproxy
-fi
-STUB_BIN=${STUB_BIN:-$(dirname "$IDEMPROXY_BIN")/../tests/support/stub_upstream}
-[[ -x $IDEMPROXY_BIN ]] || die "no idemproxy binary at $IDEMPROXY_BIN"
-[[ -x $STUB_BIN ]] || die "no stub upstream at $STUB_BIN"
+bench_binaries
 
 TMP=$(mktemp -d /tmp/idemproxy-tls-bench.XXXXXX)
 PIDS=()
 
-cleanup() {
-	local rc=$? i
-	trap - EXIT INT TERM
-	for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-		stop_pid "${PIDS[i]}"
-	done
-	if [[ $rc -ne 0 && -d $TMP ]]; then
-		for f in "$TMP"/*.log "$TMP"/nginx/error.log; do
-			[[ -s $f ]] || continue
-			echo "---- $f (last lines)" >&2
-			tail -n 20 "$f" >&2
-		done
-	fi
-	rm -rf "$TMP"
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_trap
 
 
 start_stub() {
