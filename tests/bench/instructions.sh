@@ -52,26 +52,14 @@ done
 
 bench_binaries
 
-TMP=$(mktemp -d /tmp/idemproxy-instr-bench.XXXXXX)
-PIDS=()
-
-bench_trap
+bench_tmp instr
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
 	-keyout "$TMP/key.pem" -out "$TMP/cert.pem" -days 2 -subj /CN=localhost \
 	-addext "subjectAltName=DNS:localhost,IP:127.0.0.1" >/dev/null 2>&1 ||
 	die "openssl req failed"
 
-"$STUB_BIN" --listen 127.0.0.1:0 >"$TMP/stub.out" 2>"$TMP/stub.log" &
-STUB_PID=$!
-PIDS+=("$STUB_PID")
-for i in $(seq 100); do
-	grep -q '^listening ' "$TMP/stub.out" 2>/dev/null && break
-	kill -0 "$STUB_PID" 2>/dev/null || die "stub upstream exited"
-	sleep 0.1
-done
-STUB_PORT=$(sed -n 's/^listening .*:\([0-9]*\)$/\1/p' "$TMP/stub.out")
-[[ -n $STUB_PORT ]] || die "stub upstream did not start"
+start_stub
 
 # fail PID MESSAGE: stop the server being counted, then die
 fail() { stop_pid "$1"; die "$2"; }

@@ -177,22 +177,6 @@ pg_stop() {
 bench_stop_more() { pg_stop; }
 bench_trap
 
-start_stub() {
-	"$STUB_BIN" --listen 127.0.0.1:0 >"$TMP/stub.out" 2>"$TMP/stub.log" &
-	STUB_PID=$!
-	PIDS+=("$STUB_PID")
-	local i
-	for i in $(seq 100); do
-		if grep -q '^listening ' "$TMP/stub.out" 2>/dev/null; then
-			STUB_PORT=$(sed -n 's/^listening .*:\([0-9]*\)$/\1/p' "$TMP/stub.out")
-			return 0
-		fi
-		kill -0 "$STUB_PID" 2>/dev/null || die "stub upstream exited"
-		sleep 0.1
-	done
-	die "stub upstream did not start"
-}
-
 # The same nginx as tests/bench/passthrough.sh (tests/bench/nginx.conf.in).
 start_nginx() {
 	NGINX_PORT=$(free_port)

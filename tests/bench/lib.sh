@@ -52,10 +52,38 @@ bench_binaries() {
 	[[ -x $STUB_BIN ]] || die "no stub upstream at $STUB_BIN"
 }
 
+# start_stub: tests/support/stub_upstream on a free port (STUB_PORT,
+# STUB_PID), behind the script's server_cpu prefix if it has one (taskset)
+start_stub() {
+	local i
+	${server_cpu[@]+"${server_cpu[@]}"} "$STUB_BIN" --listen 127.0.0.1:0 \
+		>"$TMP/stub.out" 2>"$TMP/stub.log" &
+	STUB_PID=$!
+	PIDS+=("$STUB_PID")
+	for i in $(seq 100); do
+		if grep -q '^listening ' "$TMP/stub.out" 2>/dev/null; then
+			STUB_PORT=$(sed -n 's/^listening .*:\([0-9]*\)$/\1/p' "$TMP/stub.out")
+			return 0
+		fi
+		kill -0 "$STUB_PID" 2>/dev/null || die "stub upstream exited"
+		sleep 0.1
+	done
+	die "stub upstream did not start"
+}
+
+# bench_tmp NAME: TMP, a directory of the script's own, PIDS=(), and
+# bench_trap
+bench_tmp() {
+	TMP=$(mktemp -d "/tmp/idemproxy-$1-bench.XXXXXX")
+	PIDS=()
+	bench_trap
+}
+
 # bench_trap: on exit (also Ctrl-C, TERM, a failure) run the script's
 # bench_stop_first() if it has one, stop every PID in PIDS, last started
 # first, then run its bench_stop_more(); after a failure show the last
-# lines of TMP's logs; remove TMP. The script sets TMP and PIDS=() first.
+# lines of TMP's logs; remove TMP. The script sets TMP and PIDS=() first
+# (bench_tmp does all three).
 bench_trap() {
 	trap bench_exit EXIT
 	trap 'exit 130' INT

@@ -76,11 +76,9 @@ if (( $(ulimit -n) < IDLE_CONNS + 256 )); then
 fi
 
 # ---- processes --------------------------------------------------------------
-TMP=$(mktemp -d /tmp/idemproxy-bench.XXXXXX)
-PIDS=()
+bench_tmp passthrough
 
 bench_stop_first() { exec 9>&- 2>/dev/null || true; }	# the idle connections' fifo
-bench_trap
 
 server_cpu=()
 wrk_cpu=()
@@ -89,22 +87,6 @@ if [[ -n $PIN ]]; then
 	server_cpu=(taskset -c 0)
 	wrk_cpu=(taskset -c "$PIN")
 fi
-
-start_stub() {
-	"${server_cpu[@]}" "$STUB_BIN" --listen 127.0.0.1:0 >"$TMP/stub.out" 2>"$TMP/stub.log" &
-	STUB_PID=$!
-	PIDS+=("$STUB_PID")
-	local i
-	for i in $(seq 100); do
-		if grep -q '^listening ' "$TMP/stub.out" 2>/dev/null; then
-			STUB_PORT=$(sed -n 's/^listening .*:\([0-9]*\)$/\1/p' "$TMP/stub.out")
-			return 0
-		fi
-		kill -0 "$STUB_PID" 2>/dev/null || die "stub upstream exited"
-		sleep 0.1
-	done
-	die "stub upstream did not start"
-}
 
 start_nginx() {
 	NGINX_PORT=$(free_port)

@@ -41,7 +41,6 @@ NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 PYTHON=${PYTHON:-/usr/bin/python3}
 wrk_cpu=()
-server_cpu=()
 
 die() { echo "tls.sh: $*" >&2; exit 1; }
 note() { echo "# $*" >&2; }
@@ -53,52 +52,7 @@ done
 
 bench_binaries
 
-TMP=$(mktemp -d /tmp/idemproxy-tls-bench.XXXXXX)
-PIDS=()
-
-bench_trap
-
-
-start_stub() {
-	"${server_cpu[@]}" "$STUB_BIN" --listen 127.0.0.1:0 >"$TMP/stub.out" 2>"$TMP/stub.log" &
-	STUB_PID=$!
-	PIDS+=("$STUB_PID")
-	local i
-	for i in $(seq 100); do
-		if grep -q '^listening ' "$TMP/stub.out" 2>/dev/null; then
-			STUB_PORT=$(sed -n 's/^listening .*:\([0-9]*\)$/\1/p' "$TMP/stub.out")
-			return 0
-		fi
-		kill -0 "$STUB_PID" 2>/dev/null || die "stub upstream exited"
-		sleep 0.1
-	done
-	die "stub upstream did not start"
-}
-
-start_nginx() {
-	NGINX_PORT=$(free_port)
-	mkdir -p "$TMP/nginx"
-	sed -e "s|@WORKERS@|$WORKERS|g" -e "s|@PREFIX@|$TMP/nginx|g" \
-	    -e "s|@UPSTREAM_PORT@|$STUB_PORT|g" -e "s|@PORT@|$NGINX_PORT|g" \
-	    "$HERE/nginx.conf.in" >"$TMP/nginx/nginx.conf"
-	"${server_cpu[@]}" "$NGINX" -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx" \
-		-e "$TMP/nginx/error.log" >"$TMP/nginx.log" 2>&1 &
-	NGINX_PID=$!
-	PIDS+=("$NGINX_PID")
-	wait_port "$NGINX_PORT" "$NGINX_PID"
-}
-
-start_idemproxy() {
-	PROXY_PORT=$(free_port)
-	ADMIN_PORT=$(free_port)
-	"${server_cpu[@]}" "$IDEMPROXY_BIN" --upstream "http://127.0.0.1:$STUB_PORT" \
-		--listen "127.0.0.1:$PROXY_PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" \
-		--workers "$WORKERS" --log-level warn --drain-timeout 1s \
-		>"$TMP/idemproxy.log" 2>&1 &
-	PROXY_PID=$!
-	PIDS+=("$PROXY_PID")
-	wait_port "$PROXY_PORT" "$PROXY_PID"
-}
+bench_tmp tls
 
 # VmRSS in KiB, summed over the given PIDs.
 rss_kib() {
@@ -180,21 +134,6 @@ esac
 openssl req -x509 "${newkey[@]}" -nodes -keyout "$TMP/key.pem" -out "$TMP/cert.pem" \
 	-days 2 -subj /CN=localhost -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
 	>/dev/null 2>&1 || die "openssl req failed"
-
-start_stub() {
-	"$STUB_BIN" --listen 127.0.0.1:0 >"$TMP/stub.out" 2>"$TMP/stub.log" &
-	STUB_PID=$!
-	PIDS+=("$STUB_PID")
-	local i
-	for i in $(seq 100); do
-		if grep -q '^listening ' "$TMP/stub.out" 2>/dev/null; then
-			STUB_PORT=$(sed -n 's/^listening .*:\([0-9]*\)$/\1/p' "$TMP/stub.out")
-			return 0
-		fi
-		sleep 0.1
-	done
-	die "stub upstream did not start"
-}
 
 start_nginx() {	# start_nginx WORKERS
 	NGINX_PORT=$(free_port)
