@@ -703,6 +703,7 @@ int main(int argc, char **argv)
 	char err[512];
 	int rc;
 
+	tls_alloc_init();	/* false only costs time: nothing to report */
 	if (argc > 1 && strcmp(argv[1], "migrate") == 0)
 		return migrate(argc, argv);
 	if (argc > 1 && strcmp(argv[1], "keys") == 0)

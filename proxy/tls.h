@@ -29,6 +29,14 @@
 struct bufferevent;
 struct config;
 
+/*
+ * Route OpenSSL's allocations through functions that return at once for
+ * free(NULL). Call first in main(), before anything uses OpenSSL; false if
+ * OpenSSL had already allocated (then its defaults stay, which only costs
+ * time).
+ */
+bool tls_alloc_init(void);
+
 /* ---- the listener --------------------------------------------------- */
 
 struct tls_listener;
