@@ -194,8 +194,7 @@ static void worker_done_cb(evutil_socket_t fd, short what, void *arg)
 	/* Activations from several threads may coalesce: count by asking
 	 * each worker's loop whether it has ended. */
 	for (int i = 0; i < d->started; i++)
-		if (event_base_got_exit(d->workers[i].loop.base) ||
-		    event_base_got_break(d->workers[i].loop.base))
+		if (worker_exited(&d->workers[i]))
 			done++;
 	d->done = done;
 	if (d->done == d->started) {
@@ -400,7 +399,8 @@ static int run(struct daemon *d)
 	d->base = event_base_new();
 	if (d->store == NULL || d->base == NULL)
 		return 1;
-	store_thread_init(d->store, d->base);	/* the sweeper's connections */
+	if (store_thread_init(d->store, d->base) < 0)	/* the sweeper's */
+		goto out;
 	d->admin = admin_new(d->base, cfg->admin_hp.host, cfg->admin_hp.port,
 			     d->store, err, sizeof(err));
 	if (d->admin == NULL ||
@@ -628,8 +628,8 @@ static int keys_ask(struct config *c, const struct keys_query *q,
 	s = r.base != NULL ? open_store(c) : NULL;
 	if (s == NULL)
 		goto out;
-	store_thread_init(s, r.base);
-	op = purge ? store_purge(s, r.base, k, keys_done, &r) :
+	op = store_thread_init(s, r.base) < 0 ? NULL :
+	     purge ? store_purge(s, r.base, k, keys_done, &r) :
 		     store_inspect(s, r.base, k, q->body, keys_done, &r);
 	while (op != NULL && !r.done)
 		event_base_loop(r.base, EVLOOP_ONCE);

@@ -2,15 +2,26 @@
  * worker.c - one thread, one event loop (see worker.h).
  *
  * The main thread talks to a worker only through two atomics (next_cfg,
- * stop) and event_active() on w->notify; everything else in struct worker is
- * touched by the worker's own thread alone.
+ * stop) and a write to w->notify_fd, and learns that its loop ended from a
+ * third (exited); everything else in struct worker is touched by the
+ * worker's own thread alone (and by the main thread before the thread
+ * starts and after it is joined).
+ *
+ * The loop's base has no lock (EVENT_BASE_FLAG_NOLOCK): no other thread
+ * may add, delete or activate its events. With the lock, every event_add,
+ * event_del and event_active took and released a mutex, about 36 pairs in
+ * a keep-alive request (docs/benchmarks.md "The workers' loops lose their
+ * lock"). What other threads must wake here goes through an eventfd: this
+ * notify_fd, and the memory store's mailbox (store_memory.c).
  */
 #include "worker.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 
@@ -208,7 +219,14 @@ static void start_drain(struct worker *w)
 static void notify_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
-	struct config *cfg = atomic_exchange(&w->next_cfg, NULL);
+	struct config *cfg;
+	uint64_t n;
+
+	/* reset the counter first: a post after it makes fd readable again */
+	if (read(fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		log_error("worker %d: reading its notice: %s", w->id,
+			  strerror(errno));
+	cfg = atomic_exchange(&w->next_cfg, NULL);
 
 	if (cfg != NULL) {
 		config_unref(w->loop.cfg);
@@ -228,10 +246,11 @@ static void orphans_changed(void *arg)
 }
 
 /*
- * The loop's base. epoll's change list: an event added and deleted in the
- * same loop turn costs no epoll_ctl (libevent's OpenSSL bufferevent arms
- * and disarms its write event around every response it writes). Its one
- * caveat, descriptors shared through dup(), does not apply here.
+ * The loop's base: without a lock (see the top), and with epoll's change
+ * list: an event added and deleted in the same loop turn costs no
+ * epoll_ctl (libevent's OpenSSL bufferevent arms and disarms its write
+ * event around every response it writes). The change list's one caveat,
+ * descriptors shared through dup(), does not apply here.
  */
 static struct event_base *new_base(void)
 {
@@ -240,6 +259,7 @@ static struct event_base *new_base(void)
 
 	if (ec == NULL)
 		return NULL;
+	event_config_set_flag(ec, EVENT_BASE_FLAG_NOLOCK);
 	event_config_set_flag(ec, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
 	base = event_base_new_with_config(ec);
 	event_config_free(ec);
@@ -262,6 +282,8 @@ int worker_init(struct worker *w, int id, struct config *cfg,
 	TAILQ_INIT(&w->loop.reap);
 	atomic_init(&w->next_cfg, NULL);
 	atomic_init(&w->stop, false);
+	atomic_init(&w->exited, false);
+	w->notify_fd = -1;
 	w->loop.base = new_base();
 	if (w->loop.base == NULL)
 		goto fail;
@@ -271,13 +293,19 @@ int worker_init(struct worker *w, int id, struct config *cfg,
 		goto fail;
 	w->loop.idem.orphans_changed = orphans_changed;
 	w->loop.idem.orphans_arg = w;
-	store_thread_init(store, w->loop.base);
-	w->notify = event_new(w->loop.base, -1, 0, notify_cb, w);
+	if (store_thread_init(store, w->loop.base) < 0)
+		goto fail;
+	w->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (w->notify_fd < 0)
+		goto fail;
+	w->notify = event_new(w->loop.base, w->notify_fd, EV_READ | EV_PERSIST,
+			      notify_cb, w);
 	w->loop.reap_ev = event_new(w->loop.base, -1, 0, reap_cb, w);
 	w->drain_timer = evtimer_new(w->loop.base, drain_timeout_cb, w);
 	w->accept_retry = evtimer_new(w->loop.base, accept_retry_cb, w);
 	if (w->loop.pool == NULL || w->notify == NULL || w->loop.reap_ev == NULL ||
-	    w->drain_timer == NULL || w->accept_retry == NULL)
+	    w->drain_timer == NULL || w->accept_retry == NULL ||
+	    event_add(w->notify, NULL) < 0)
 		goto fail;
 	for (int i = 0; i < nfds; i++) {
 		w->listeners[i] = event_new(w->loop.base, fds[i],
@@ -297,6 +325,8 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 
 	event_base_dispatch(w->loop.base);
+	atomic_store(&w->exited, event_base_got_exit(w->loop.base) ||
+				 event_base_got_break(w->loop.base));
 	if (w->done_fn != NULL)
 		w->done_fn(w, w->done_arg);
 	return NULL;
@@ -317,19 +347,35 @@ int worker_start(struct worker *w)
 	return 0;
 }
 
+/* Any thread: make the worker run notify_cb. */
+static void post_notice(struct worker *w)
+{
+	static const uint64_t one = 1;
+
+	/* fails only with the counter at its maximum: still readable */
+	if (write(w->notify_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_error("worker %d: cannot be notified: %s", w->id,
+			  strerror(errno));
+}
+
 void worker_post_config(struct worker *w, struct config *cfg)
 {
 	struct config *old = atomic_exchange(&w->next_cfg, config_ref(cfg));
 
 	if (old != NULL)
 		config_unref(old);
-	event_active(w->notify, EV_TIMEOUT, 1);
+	post_notice(w);
 }
 
 void worker_post_stop(struct worker *w)
 {
 	atomic_store(&w->stop, true);
-	event_active(w->notify, EV_TIMEOUT, 1);
+	post_notice(w);
+}
+
+bool worker_exited(struct worker *w)
+{
+	return atomic_load(&w->exited);
 }
 
 void worker_join(struct worker *w)
@@ -354,6 +400,8 @@ void worker_free(struct worker *w)
 		store_thread_done(w->loop.store, w->loop.base);
 	if (w->notify != NULL)
 		event_free(w->notify);
+	if (w->notify_fd >= 0)
+		close(w->notify_fd);
 	if (w->loop.reap_ev != NULL)
 		event_free(w->loop.reap_ev);
 	if (w->drain_timer != NULL)

@@ -42,11 +42,14 @@ struct worker {
 	bool listener_paused;		/* at max_connections */
 	bool draining;
 
-	struct event *notify;		/* main thread -> worker: see below */
+	int notify_fd;			/* main thread -> worker: an eventfd */
+	struct event *notify;		/* notify_fd readable */
 	struct event *drain_timer;
 	struct event *accept_retry;
 	_Atomic(struct config *) next_cfg;	/* set by main on SIGHUP */
 	atomic_bool stop;			/* set by main on SIGTERM */
+	atomic_bool exited;		/* set by its thread: loop ended by
+					 * loopexit (drained) */
 	worker_done_fn done_fn;
 	void *done_arg;
 };
@@ -63,6 +66,9 @@ int worker_start(struct worker *w) MUSTCHECK;
 void worker_post_config(struct worker *w, struct config *cfg);
 /* Thread-safe: start draining; the thread ends when drained or timed out. */
 void worker_post_stop(struct worker *w);
+/* Thread-safe: has the loop ended as asked (drained or timed out)? False
+ * while it runs, and when it ended any other way. */
+bool worker_exited(struct worker *w);
 void worker_join(struct worker *w);
 void worker_free(struct worker *w);
 

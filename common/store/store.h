@@ -168,8 +168,15 @@ struct store_ops {
 	void (*sweep)(struct store *s, struct event_base *base);
 	/* A thread starts or stops using the store with its loop (before the
 	 * loop runs; before its base is freed). Per-thread connections are
-	 * opened and closed here. Either may be NULL. */
-	void (*thread_init)(struct store *s, struct event_base *base);
+	 * opened and closed here. Either may be NULL. thread_init returns -1
+	 * (logged) when the loop cannot be served; thread_done is still
+	 * called then.
+	 *
+	 * A base given to thread_init may be one without libevent's lock
+	 * (EVENT_BASE_FLAG_NOLOCK, the workers'): no other thread touches
+	 * its events. A store may rely on the lock of a base it was not
+	 * given (the unit tests'). */
+	int (*thread_init)(struct store *s, struct event_base *base);
 	void (*thread_done)(struct store *s, struct event_base *base);
 	void (*free)(struct store *s);
 };
@@ -261,10 +268,10 @@ static inline void store_sweep(struct store *s, struct event_base *base)
 	s->ops->sweep(s, base);
 }
 
-static inline void store_thread_init(struct store *s, struct event_base *base)
+MUSTCHECK static inline int store_thread_init(struct store *s,
+					    struct event_base *base)
 {
-	if (s->ops->thread_init != NULL)
-		s->ops->thread_init(s, base);
+	return s->ops->thread_init != NULL ? s->ops->thread_init(s, base) : 0;
 }
 
 static inline void store_thread_done(struct store *s, struct event_base *base)

@@ -513,9 +513,9 @@ static void cache_sweep(struct store *s, struct event_base *base)
 	store_sweep(cs->inner, base);
 }
 
-static void cache_thread_init(struct store *s, struct event_base *base)
+static int cache_thread_init(struct store *s, struct event_base *base)
 {
-	store_thread_init(((struct cache_store *)s)->inner, base);
+	return store_thread_init(((struct cache_store *)s)->inner, base);
 }
 
 static void cache_thread_done(struct store *s, struct event_base *base)

@@ -4,10 +4,22 @@
  * One hash table behind one mutex. Every operation decides under the lock
  * at once, then reports through an event on the caller's loop (so that no
  * callback runs inside the call). Waiters ("watch") hang off the in-flight
- * record; whoever settles the record - on any thread - activates their
- * events. A waiter's event also carries a timeout at the end of the
- * record's lease, so a duplicate wakes to take over a claim whose owner is
- * stuck, without any polling.
+ * record; whoever settles the record - on any thread - wakes them. A
+ * waiter's event also carries a timeout at the end of the record's lease,
+ * so a duplicate wakes to take over a claim whose owner is stuck, without
+ * any polling.
+ *
+ * Waking crosses threads without touching another loop's events: the
+ * workers' bases have no lock (EVENT_BASE_FLAG_NOLOCK). Each loop given to
+ * store_thread_init() has a mailbox (struct mem_local): the settling thread
+ * moves the waiter onto the mailbox's list and writes the mailbox's
+ * eventfd, all under mu; the waiter's own loop reads the eventfd and
+ * activates the waiters' events. A waiter leaves whichever list it is on,
+ * under mu, before it is freed (woken by a timeout, or cancelled).
+ *
+ *    thread B (settles)                 thread A (waits)
+ *    mu: e->waiters -> l->woken,        l->ev readable: mu: l->woken ->
+ *        write(l->efd) once                 event_active(o->ev)
  *
  * No operation's time under the lock grows with the table:
  *
@@ -30,17 +42,21 @@
  */
 #include "store_memory.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/queue.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <openssl/rand.h>
 
 #include "clock.h"
+#include "log.h"
 #include "metrics.h"
 #include "siphash.h"
 
@@ -71,9 +87,21 @@ struct mem_table {
 	size_t n;			/* buckets, a power of two; 0: none */
 };
 
+/* A loop's mailbox for wake-ups from other threads (see the top). */
+struct mem_local {
+	struct mem_local *next;		/* m->locals, under mu */
+	struct mem_store *m;
+	struct event_base *base;
+	int efd;			/* an eventfd */
+	struct event *ev;		/* efd readable, on base */
+	bool signalled;			/* under mu: efd written, not read yet */
+	struct mem_waiters woken;	/* under mu */
+};
+
 struct mem_store {
 	struct store base;
 	pthread_mutex_t mu;
+	struct mem_local *locals;	/* under mu */
 	struct mem_table t[2];		/* t[1]: the doubled table being filled */
 	size_t move_pos;		/* t[0]'s buckets below it are moved */
 	size_t count;
@@ -94,7 +122,11 @@ struct mem_op {
 	struct store_result res;
 	bool watch;			/* a watch: other threads may touch it */
 	struct store_key key;		/* a claim's key, to undo a cancelled win */
-	struct mem_entry *watching;	/* on its waiter list, under mu */
+	/* a watch's place, under mu: on watching->waiters, on local->woken
+	 * (woken), or on neither */
+	struct mem_local *local;	/* its loop's mailbox; NULL: none */
+	struct mem_entry *watching;
+	bool woken;
 	TAILQ_ENTRY(mem_op) wlink;
 };
 
@@ -197,7 +229,23 @@ static void insert(struct mem_store *m, struct mem_entry *e)
 		start_doubling(m);
 }
 
-/* Wake every waiter of e (the record is settling). */
+/* Hand w to its loop's mailbox. Under mu. */
+static void local_post(struct mem_local *l, struct mem_op *w)
+{
+	static const uint64_t one = 1;
+
+	TAILQ_INSERT_TAIL(&l->woken, w, wlink);
+	w->woken = true;
+	if (!l->signalled) {
+		l->signalled = true;
+		/* fails only with the counter at its maximum: still readable */
+		if (write(l->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+			log_error("memory store: waking a loop: %s",
+				  strerror(errno));
+	}
+}
+
+/* Wake every waiter of e (the record is settling). Under mu. */
 static void wake_waiters(struct mem_entry *e)
 {
 	struct mem_op *w;
@@ -206,8 +254,22 @@ static void wake_waiters(struct mem_entry *e)
 		TAILQ_REMOVE(&e->waiters, w, wlink);
 		w->watching = NULL;
 		w->res.status = STORE_SETTLED;
-		event_active(w->ev, EV_TIMEOUT, 1);
+		if (w->local != NULL)
+			local_post(w->local, w);
+		else	/* a base the store was not given: it has a lock */
+			event_active(w->ev, EV_TIMEOUT, 1);
 	}
+}
+
+/* Take a watch off the list it is on, if any. Under mu. */
+static void unwatch(struct mem_op *o)
+{
+	if (o->watching != NULL)
+		TAILQ_REMOVE(&o->watching->waiters, o, wlink);
+	else if (o->woken)
+		TAILQ_REMOVE(&o->local->woken, o, wlink);
+	o->watching = NULL;
+	o->woken = false;
 }
 
 /* Unlink *pp and free it. */
@@ -319,9 +381,8 @@ static void deliver_cb(evutil_socket_t fd, short what, void *arg)
 				pthread_mutex_unlock(&m->mu);
 				return;
 			}
-			TAILQ_REMOVE(&e->waiters, o, wlink);
-			o->watching = NULL;
 		}
+		unwatch(o);	/* the timeout may come before the mailbox */
 		pthread_mutex_unlock(&m->mu);
 		o->res.status = STORE_SETTLED;
 	}
@@ -584,6 +645,9 @@ static struct store_op *mem_watch(struct store *s, struct event_base *base,
 		return op_post(o, STORE_SETTLED);
 	}
 	tv = clock_tv(e->lease_until - now);
+	for (o->local = m->locals; o->local != NULL; o->local = o->local->next)
+		if (o->local->base == base)
+			break;
 	o->watching = e;
 	TAILQ_INSERT_TAIL(&e->waiters, o, wlink);
 	event_add(o->ev, &tv);
@@ -695,14 +759,13 @@ static void mem_cancel(struct store_op *op)
 		pthread_mutex_unlock(&m->mu);
 	}
 	if (o->watch) {
-		/* under the lock, so that no thread is activating it meanwhile */
+		/* under the lock, so that no thread is waking it meanwhile */
 		pthread_mutex_lock(&m->mu);
-		if (o->watching != NULL)
-			TAILQ_REMOVE(&o->watching->waiters, o, wlink);
-		o->watching = NULL;
+		unwatch(o);
 		pthread_mutex_unlock(&m->mu);
 	}
-	/* removes a pending activation too, even one made by another thread */
+	/* removes a pending activation too (made by its own loop, or by
+	 * another thread on a base with a lock) */
 	event_free(o->ev);
 	stored_response_unref(o->res.resp);
 	free(o);
@@ -725,9 +788,93 @@ static void mem_sweep(struct store *s, struct event_base *base)
 	pthread_mutex_unlock(&m->mu);
 }
 
+/* ---- the loops' mailboxes --------------------------------------------- */
+
+/* Waiters woken by other threads: activate them here, on their loop. */
+static void local_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct mem_local *l = arg;
+	struct mem_op *o;
+	uint64_t n;
+
+	if (read(l->efd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		log_error("memory store: reading a wake-up: %s", strerror(errno));
+	pthread_mutex_lock(&l->m->mu);
+	while ((o = TAILQ_FIRST(&l->woken)) != NULL) {
+		TAILQ_REMOVE(&l->woken, o, wlink);
+		o->woken = false;
+		event_active(o->ev, EV_TIMEOUT, 1);
+	}
+	l->signalled = false;
+	pthread_mutex_unlock(&l->m->mu);
+}
+
+static void local_free(struct mem_local *l)
+{
+	if (l->ev != NULL)
+		event_free(l->ev);
+	if (l->efd >= 0)
+		close(l->efd);
+	free(l);
+}
+
+static int mem_thread_init(struct store *s, struct event_base *base)
+{
+	struct mem_store *m = (struct mem_store *)s;
+	struct mem_local *l = calloc(1, sizeof(*l));
+
+	if (l == NULL) {
+		log_error("memory store: out of memory for a loop's mailbox");
+		return -1;
+	}
+	l->m = m;
+	l->base = base;
+	TAILQ_INIT(&l->woken);
+	l->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (l->efd >= 0)
+		l->ev = event_new(base, l->efd, EV_READ | EV_PERSIST, local_cb, l);
+	if (l->efd < 0 || l->ev == NULL || event_add(l->ev, NULL) < 0) {
+		log_error("memory store: cannot set up a loop's mailbox: %s",
+			  l->efd < 0 ? strerror(errno) : "out of memory");
+		local_free(l);
+		return -1;
+	}
+	pthread_mutex_lock(&m->mu);
+	l->next = m->locals;
+	m->locals = l;
+	pthread_mutex_unlock(&m->mu);
+	return 0;
+}
+
+/* After every watch of the loop is delivered or cancelled. */
+static void mem_thread_done(struct store *s, struct event_base *base)
+{
+	struct mem_store *m = (struct mem_store *)s;
+	struct mem_local **pp, *l = NULL;
+
+	pthread_mutex_lock(&m->mu);
+	for (pp = &m->locals; *pp != NULL; pp = &(*pp)->next) {
+		if ((*pp)->base == base) {
+			l = *pp;
+			*pp = l->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&m->mu);
+	if (l != NULL)
+		local_free(l);
+}
+
 static void mem_free(struct store *s)
 {
 	struct mem_store *m = (struct mem_store *)s;
+
+	while (m->locals != NULL) {	/* thread_done not called: bases alive */
+		struct mem_local *l = m->locals;
+
+		m->locals = l->next;
+		local_free(l);
+	}
 
 	for (int t = 0; t < 2; t++) {
 		for (size_t i = 0; i < m->t[t].n; i++)
@@ -751,6 +898,8 @@ static const struct store_ops mem_ops = {
 	.cancel = mem_cancel,
 	.ready = mem_ready,
 	.sweep = mem_sweep,
+	.thread_init = mem_thread_init,
+	.thread_done = mem_thread_done,
 	.free = mem_free,
 };
 

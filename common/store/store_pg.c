@@ -906,19 +906,20 @@ static void pg_sweep(struct store *st, struct event_base *base)
 	pg_op_submit(o);
 }
 
-static void pg_thread_init(struct store *st, struct event_base *base)
+static int pg_thread_init(struct store *st, struct event_base *base)
 {
 	struct pg_store *s = (struct pg_store *)st;
 	struct pg_local *l = pg_local_new(s, base);
 
 	if (l == NULL) {
 		log_error("postgres store: out of memory for a thread's pool");
-		return;
+		return -1;
 	}
 	pthread_mutex_lock(&s->mu);
 	l->next = s->locals;
 	s->locals = l;
 	pthread_mutex_unlock(&s->mu);
+	return 0;
 }
 
 

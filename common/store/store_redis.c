@@ -903,9 +903,9 @@ static void redis_free(struct store *s)
 }
 
 /* The inner store's per-thread connections come and go with the thread. */
-static void redis_thread_init(struct store *s, struct event_base *base)
+static int redis_thread_init(struct store *s, struct event_base *base)
 {
-	store_thread_init(((struct redis_store *)s)->inner, base);
+	return store_thread_init(((struct redis_store *)s)->inner, base);
 }
 
 static void redis_thread_done(struct store *s, struct event_base *base)

@@ -729,6 +729,145 @@ static void *watcher(void *arg)
 	return NULL;
 }
 
+/* A base like a worker's: no lock, given to the store (its mailbox). */
+static struct event_base *worker_base(struct store *s)
+{
+	struct event_config *ec = event_config_new();
+	struct event_base *b;
+
+	event_config_set_flag(ec, EVENT_BASE_FLAG_NOLOCK);
+	b = event_base_new_with_config(ec);
+	event_config_free(ec);
+	if (store_thread_init(s, b) < 0)
+		printf("Bail out! store_thread_init\n");
+	return b;
+}
+
+static void worker_base_free(struct store *s, struct event_base *b)
+{
+	store_thread_done(s, b);
+	event_base_free(b);
+}
+
+/*
+ * Four threads watch key, each on its own loop; the main thread completes.
+ * With nolock, the loops are made as the workers' are (no lock, woken
+ * through the store's mailbox); without, they are locked bases the store
+ * was not given.
+ */
+static void many_watchers(struct store *s, struct event_base *b,
+			  struct stored_response *resp, const char *key,
+			  bool nolock)
+{
+	enum { N = 4 };
+	struct peer ws[N];
+	struct store_claim c = mkclaim(key, 1, 60000, 600000);
+	struct res r = { 0 };
+	int woke = 0, prompt = 0, all_ready;
+	const char *what = nolock ? "workers' loops" : "locked loops";
+	double t0;
+
+	is_int(do_claim(s, b, &c, &r, "threads-many: claim"), STORE_WON,
+	       "%s: claim WON", what);
+	memset(ws, 0, sizeof(ws));
+	for (int i = 0; i < N; i++) {
+		ws[i].s = s;
+		ws[i].key = key;
+		ws[i].base = nolock ? worker_base(s) : event_base_new();
+		pthread_create(&ws[i].tid, NULL, watcher, &ws[i]);
+	}
+	do {
+		usleep(10000);
+		all_ready = 1;
+		for (int i = 0; i < N; i++)
+			all_ready &= atomic_load(&ws[i].ready);
+	} while (!all_ready);
+	usleep(50000);	/* let them block in dispatch */
+	t0 = now_s();
+	is_int(complete(s, b, key, r.owner, resp, 600000,
+			"threads-many: complete"), STORE_OK, "%s: complete", what);
+	for (int i = 0; i < N; i++) {
+		pthread_join(ws[i].tid, NULL);
+		woke += atomic_load(&ws[i].w.calls) == 1 &&
+			ws[i].w.status == STORE_SETTLED;
+		prompt += ws[i].w.at - t0 < 2.0;	/* not by run_for's end */
+		res_reset(&ws[i].w);
+		if (nolock)
+			worker_base_free(s, ws[i].base);
+		else
+			event_base_free(ws[i].base);
+	}
+	is_int(woke, N, "%s: every watcher thread woke exactly once", what);
+	is_int(prompt, N, "%s: each woken when it completed", what);
+	res_reset(&r);
+}
+
+/*
+ * On a worker's loop, a watch woken by another thread and cancelled before
+ * its loop ran: no callback, and the mailbox forgets it (under ASan a use
+ * after free would end the test). Then one woken and delivered by its
+ * loop, and one whose lease ends first on a loop with a wake-up pending.
+ */
+static void test_mailbox(void)
+{
+	struct store *s = store_memory_new(BIG, NULL);
+	struct event_base *b = worker_base(s);
+	struct stored_response *resp = resp_new(200, "mailbox");
+	struct store_claim c = mkclaim("mb", 1, 60000, 600000);
+	struct res r = { 0 }, w = { 0 }, w2 = { 0 };
+	struct store_op *op;
+	struct peer p;
+
+	is_int(do_claim(s, b, &c, &r, "mailbox: claim"), STORE_WON, "claim WON");
+	op = watch(s, b, "mb", &w, "mailbox: watch");
+	memset(&p, 0, sizeof(p));
+	p.s = s;
+	p.key = "mb";
+	memcpy(p.owner, r.owner, sizeof(p.owner));
+	p.resp = resp;
+	pthread_create(&p.tid, NULL, settler, &p);
+	pthread_join(p.tid, NULL);
+	is_int(p.status, STORE_OK, "another thread completed it");
+	store_cancel(op);
+	run_for(b, 100);
+	is_int(atomic_load(&w.calls), 0, "a cancelled watch is not called back");
+
+	c = mkclaim("mb2", 1, 60000, 600000);
+	is_int(do_claim(s, b, &c, &r, "mailbox: claim 2"), STORE_WON, "claim 2 WON");
+	watch(s, b, "mb2", &w, "mailbox: watch 2");
+	w.stop = b;
+	memcpy(p.owner, r.owner, sizeof(p.owner));
+	p.key = "mb2";
+	p.calls = 0;
+	pthread_create(&p.tid, NULL, settler, &p);
+	run_for(b, 5000);
+	pthread_join(p.tid, NULL);
+	is_int(atomic_load(&w.calls), 1, "woken through the mailbox, once");
+	is_int(w.status, STORE_SETTLED, "SETTLED");
+
+	/* the lease ends (50 ms) while the wake-up waits in the mailbox */
+	c = mkclaim("mb3", 1, 50, 600000);
+	is_int(do_claim(s, b, &c, &r, "mailbox: claim 3"), STORE_WON, "claim 3 WON");
+	watch(s, b, "mb3", &w2, "mailbox: watch 3");
+	usleep(80000);
+	memcpy(p.owner, r.owner, sizeof(p.owner));
+	p.key = "mb3";
+	p.calls = 0;
+	pthread_create(&p.tid, NULL, settler, &p);
+	pthread_join(p.tid, NULL);
+	w2.stop = b;
+	run_for(b, 2000);
+	run_for(b, 50);
+	is_int(atomic_load(&w2.calls), 1, "timeout and wake-up: one callback");
+
+	res_reset(&r);
+	res_reset(&w);
+	res_reset(&w2);
+	stored_response_unref(resp);
+	worker_base_free(s, b);
+	store_free(s);
+}
+
 static void test_threads(void)
 {
 	struct event_base *b = event_base_new();
@@ -781,42 +920,8 @@ static void test_threads(void)
 	is_int(do_claim(s, b, &c, &r, "threads-rel: reclaim"), STORE_WON,
 	       "the waiter re-claims: WON");
 
-	/* four threads watch, each on its own loop; main completes */
-	{
-		enum { N = 4 };
-		struct peer ws[N];
-		char owner[STORE_HANDLE_MAX + 1];
-		int woke = 0, all_ready;
-
-		c = mkclaim("t-many", 1, 60000, 600000);
-		is_int(do_claim(s, b, &c, &r, "threads-many: claim"), STORE_WON,
-		       "claim WON");
-		memcpy(owner, r.owner, sizeof(owner));
-		memset(ws, 0, sizeof(ws));
-		for (int i = 0; i < N; i++) {
-			ws[i].s = s;
-			ws[i].key = "t-many";
-			ws[i].base = event_base_new();
-			pthread_create(&ws[i].tid, NULL, watcher, &ws[i]);
-		}
-		do {
-			usleep(10000);
-			all_ready = 1;
-			for (int i = 0; i < N; i++)
-				all_ready &= atomic_load(&ws[i].ready);
-		} while (!all_ready);
-		usleep(50000);	/* let them block in dispatch */
-		is_int(complete(s, b, "t-many", owner, resp, 600000,
-				"threads-many: complete"), STORE_OK, "complete");
-		for (int i = 0; i < N; i++) {
-			pthread_join(ws[i].tid, NULL);
-			woke += atomic_load(&ws[i].w.calls) == 1 &&
-				ws[i].w.status == STORE_SETTLED;
-			res_reset(&ws[i].w);
-			event_base_free(ws[i].base);
-		}
-		is_int(woke, N, "every watcher thread woke exactly once");
-	}
+	many_watchers(s, b, resp, "t-many", false);
+	many_watchers(s, b, resp, "t-many-nolock", true);
 
 	res_reset(&r);
 	res_reset(&w);
@@ -1465,6 +1570,7 @@ int main(void)
 	test_watch();
 	test_watch_lease_timeout();
 	test_threads();
+	test_mailbox();
 	test_cancel();
 	test_cap();
 	test_flood();
