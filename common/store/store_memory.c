@@ -238,10 +238,14 @@ static void local_post(struct mem_local *l, struct mem_op *w)
 	w->woken = true;
 	if (!l->signalled) {
 		l->signalled = true;
-		/* fails only with the counter at its maximum: still readable */
-		if (write(l->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		/* EAGAIN only with the counter at its maximum: still readable.
+		 * Any other failure: the next post tries again, and this
+		 * waiter wakes at its lease's end at the latest. */
+		if (write(l->efd, &one, sizeof(one)) < 0 && errno != EAGAIN) {
+			l->signalled = false;
 			log_error("memory store: waking a loop: %s",
 				  strerror(errno));
+		}
 	}
 }
 

@@ -5,9 +5,14 @@
 # GET / and a 1 KiB POST (post1k.lua) on keep-alive connections, then new
 # connections per second (wrk -H 'Connection: close': one full handshake
 # per request; wrk does not resume sessions). Runs alternate the two
-# servers; the median of REPEAT rounds is shown. Not a test: it prints
-# figures and the goal check (idemproxy >= 1.00x nginx req/s, p99 <=
-# nginx's) and exits 0 unless something broke.
+# servers; the median of REPEAT rounds is shown, with CPU time per
+# request of the server, of the stub, and of the whole machine (wrk and the
+# kernel included). Not a test: it prints figures and the goal check
+# (idemproxy >= 1.00x nginx req/s, p99 <= nginx's) and exits 0 unless
+# something broke. Then the ratios round by round: a round measures both
+# servers back to back, so its ratio is less disturbed by the machine's
+# drift than the ratio of medians; with REPEAT=21 or so, how many rounds
+# idemproxy was ahead tells whether a difference is real.
 #
 #   tests/bench/tls.sh
 #   WORKERS_LIST="1 2" DURATION=3s REPEAT=3 tests/bench/tls.sh
@@ -83,22 +88,30 @@ cpu_ticks() {
 	echo "$sum"
 }
 
+# Busy time of the whole machine (every CPU, not idle nor iowait), in ticks.
+machine_ticks() {
+	awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
+}
+
 # ---- wrk ----------------------------------------------------------------------
-# run_wrk URL DURATION [LUA] [PIDS]: prints "rps p50_ms p99_ms errors cpu_us_per_req";
-# the last is the CPU time the server PIDS used per request during the run
-# (0 without PIDS), a figure much less sensitive to a busy machine than req/s.
+# run_wrk URL DURATION [LUA] [PIDS]: prints "rps p50_ms p99_ms errors
+# cpu_us_per_req stub_us_per_req machine_us_per_req"; cpu is the CPU time
+# the server PIDS used per request during the run (0 without PIDS), a
+# figure much less sensitive to a busy machine than req/s; stub is the
+# upstream's, machine every CPU's busy time (wrk, the kernel, the rest).
 run_wrk() {
-	local url=$1 dur=$2 lua=${3:-} pids=${4:-} secs out t0 t1
+	local url=$1 dur=$2 lua=${3:-} pids=${4:-} secs out t0 t1 s0 s1 m0 m1
 	local args=(-t"$THREADS" -c"$CONNS" -d"$dur" --latency "${EXTRA[@]}")
 	[[ -n $lua ]] && args+=(-s "$lua")
 	secs=${dur%s}
 	# shellcheck disable=SC2086
-	t0=$(cpu_ticks $pids)
+	t0=$(cpu_ticks $pids); s0=$(cpu_ticks "$STUB_PID"); m0=$(machine_ticks)
 	out=$(timeout $((secs + 30)) "${wrk_cpu[@]}" "$WRK" "${args[@]}" "$url") ||
 		die "wrk failed against $url"
 	# shellcheck disable=SC2086
-	t1=$(cpu_ticks $pids)
-	awk -v ticks=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
+	t1=$(cpu_ticks $pids); s1=$(cpu_ticks "$STUB_PID"); m1=$(machine_ticks)
+	awk -v ticks=$((t1 - t0)) -v sticks=$((s1 - s0)) -v mticks=$((m1 - m0)) \
+	    -v hz="$(getconf CLK_TCK)" '
 	function ms(v) {
 		if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000
 		if (v ~ /ms$/) return substr(v, 1, length(v) - 2) + 0
@@ -114,15 +127,31 @@ run_wrk() {
 	/Socket errors:/ {
 		for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) err += $i + 0
 	}
-	END { printf "%.0f %.3f %.3f %d %.2f\n", rps, p50, p99, err,
-		(n > 0 ? ticks * 1e6 / hz / n : 0) }
+	END { printf "%.0f %.3f %.3f %d %.2f %.2f %.2f\n", rps, p50, p99, err,
+		(n > 0 ? ticks * 1e6 / hz / n : 0), (n > 0 ? sticks * 1e6 / hz / n : 0),
+		(n > 0 ? mticks * 1e6 / hz / n : 0) }
 	' <<<"$out"
 }
 
 median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END {
 	if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-declare -A M
+# paired "A1 A2 ..." "B1 B2 ...": the ratios Ai / Bi of rounds measured
+# back to back, as "median q1 q3 ahead n" (ahead: rounds with Ai >= Bi).
+# The machine's speed drifts between rounds by more than the two servers
+# differ; within a round both see nearly the same machine.
+paired() {
+	awk -v a="$1" -v b="$2" 'BEGIN {
+		n = split(a, x, " "); split(b, y, " ")
+		for (i = 1; i <= n; i++) { r[i] = x[i] / y[i]; up += (r[i] >= 1) }
+		for (i = 2; i <= n; i++)	# insertion sort: n is small
+			for (j = i; j > 1 && r[j - 1] > r[j]; j--) { t = r[j]; r[j] = r[j - 1]; r[j - 1] = t }
+		printf "%.3f %.3f %.3f %d %d\n", (n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2),
+			r[int((n + 3) / 4)], r[n + 1 - int((n + 3) / 4)], up, n
+	}'
+}
+
+declare -A M PR PC PM
 EXTRA=()
 
 # ---- certificate (one, used by both servers) ---------------------------------
@@ -186,7 +215,7 @@ for W in $WORKERS_LIST; do
 	note "workers $W: stub :$STUB_PORT, nginx :$NGINX_PORT (pid $NGINX_PID), idemproxy :$PROXY_PORT (pid $PROXY_PID)"
 	declare -A URL=([nginx]="https://127.0.0.1:$NGINX_PORT/" [idemproxy]="https://127.0.0.1:$PROXY_PORT/")
 	declare -A SPIDS=([nginx]="$(serving_pids nginx | tr '\n' ' ')" [idemproxy]="$PROXY_PID")
-	declare -A RPS=() P50=() P99=() ERR=() CPU=()
+	declare -A RPS=() P50=() P99=() ERR=() CPU=() SCPU=() MCPU=()
 	for kind in "${KINDS[@]}"; do
 		for t in idemproxy nginx; do
 			EXTRA=(); [[ $kind == NEWCONN ]] && EXTRA=(-H "Connection: close")
@@ -199,25 +228,33 @@ for W in $WORKERS_LIST; do
 			EXTRA=(); [[ $kind == NEWCONN ]] && EXTRA=(-H "Connection: close")
 			for t in "${order[@]}"; do
 				res=$(run_wrk "${URL[$t]}" "$DURATION" "${LUA[$kind]}" "${SPIDS[$t]}") || exit 1
-				read -r rps p50 p99 err cpu <<<"$res"
+				read -r rps p50 p99 err cpu scpu mcpu <<<"$res"
 				[[ -n $rps && $rps != 0 ]] || die "no figures from wrk against ${URL[$t]}"
 				note "w$W run $r/$REPEAT $kind $t: $rps req/s, p99 $p99 ms, errors $err, CPU $cpu us/req"
 				RPS[$kind/$t]+="$rps "; P50[$kind/$t]+="$p50 "; P99[$kind/$t]+="$p99 "
-				CPU[$kind/$t]+="$cpu "; ERR[$kind/$t]=$(( ${ERR[$kind/$t]:-0} + err ))
+				CPU[$kind/$t]+="$cpu "; SCPU[$kind/$t]+="$scpu "; MCPU[$kind/$t]+="$mcpu "
+				ERR[$kind/$t]=$(( ${ERR[$kind/$t]:-0} + err ))
 			done
 		done
 	done
 	if [[ $W == "${WORKERS_LIST%% *}" ]]; then
-		printf '%-3s %-8s %-10s %10s %9s %9s %11s %7s   %s\n' W request server "req/s" "p50 ms" "p99 ms" "CPU us/req" errors "all runs req/s"
+		printf '%-3s %-8s %-10s %10s %9s %9s %11s %8s %8s %7s   %s\n' W request server "req/s" "p50 ms" \
+			"p99 ms" "CPU us/req" "stub us" "all us" errors "all runs req/s"
 	fi
 	for kind in "${KINDS[@]}"; do
 		for t in idemproxy nginx; do
 			M[$W/$kind/$t]="$(median <<<"${RPS[$kind/$t]% }") $(median <<<"${P99[$kind/$t]% }")"
-			printf '%-3s %-8s %-10s %10.0f %9.3f %9.3f %11.2f %7d   %s\n' "$W" "$kind" "$t" \
+			printf '%-3s %-8s %-10s %10.0f %9.3f %9.3f %11.2f %8.2f %8.2f %7d   %s\n' "$W" "$kind" "$t" \
 				"$(median <<<"${RPS[$kind/$t]% }")" "$(median <<<"${P50[$kind/$t]% }")" \
 				"$(median <<<"${P99[$kind/$t]% }")" "$(median <<<"${CPU[$kind/$t]% }")" \
+				"$(median <<<"${SCPU[$kind/$t]% }")" "$(median <<<"${MCPU[$kind/$t]% }")" \
 				"${ERR[$kind/$t]}" "${RPS[$kind/$t]% }"
 		done
+	done
+	for kind in "${KINDS[@]}"; do
+		PR[$W/$kind]=$(paired "${RPS[$kind/idemproxy]}" "${RPS[$kind/nginx]}")
+		PC[$W/$kind]=$(paired "${CPU[$kind/nginx]}" "${CPU[$kind/idemproxy]}")
+		PM[$W/$kind]=$(paired "${MCPU[$kind/nginx]}" "${MCPU[$kind/idemproxy]}")
 	done
 	hs=$(curl -s "http://127.0.0.1:$ADMIN_PORT/metrics" | awk '/^idemproxy_tls_handshakes_total[ {]/ { s += $NF } END { print s + 0 }')
 	note "workers $W: idemproxy_tls_handshakes_total $hs"
@@ -237,5 +274,21 @@ for W in $WORKERS_LIST; do
 				(rr >= 1.0 ? "MET" : sprintf("NOT MET (%.1f%% short)", (1 - rr) * 100)),
 				(lr <= 1.0 ? "MET" : sprintf("NOT MET (%.1f%% higher)", (lr - 1) * 100))
 		}'
+	done
+done
+echo
+echo "== round by round: each round measures both servers back to back"
+echo "(req/s: idemproxy / nginx; CPU, all: nginx's CPU per request / idemproxy's, the server's and"
+echo " the whole machine's; > 1: idemproxy's run spent less)"
+printf '%-3s %-8s %-32s %-32s %-32s\n' W request "req/s ratio: median (q1-q3)" \
+	"CPU ratio: median (q1-q3)" "all ratio: median (q1-q3)"
+for W in $WORKERS_LIST; do
+	for kind in "${KINDS[@]}"; do
+		read -r rm rq1 rq3 rup rn <<<"${PR[$W/$kind]}"
+		read -r cm cq1 cq3 cup cn <<<"${PC[$W/$kind]}"
+		read -r am aq1 aq3 aup an <<<"${PM[$W/$kind]}"
+		printf '%-3s %-8s %-32s %-32s %-32s\n' "$W" "$kind" \
+			"${rm}x (${rq1}-${rq3}), $rup/$rn ahead" "${cm}x (${cq1}-${cq3}), $cup/$cn ahead" \
+			"${am}x (${aq1}-${aq3}), $aup/$an ahead"
 	done
 done
