@@ -120,6 +120,36 @@ static void test_validate(void)
 	hdrlist_reset(&h);
 	ok(hdrlist_add(&h, "Host ", "x") == 0, "add");
 	is_int(httphdr_validate(&h), -1, "space in a name rejected");
+
+	/* every byte at every place of values of 1 to 24 bytes (the eight at a
+	 * time check and the byte loop after it): refused exactly when it is a
+	 * control byte other than HTAB */
+	{
+		int wrong = 0;
+		char v[24];
+
+		for (size_t len = 1; len <= sizeof(v); len++) {
+			for (size_t at = 0; at < len; at++) {
+				for (int c = 0; c < 256; c++) {
+					bool want = !((c < 0x20 && c != '\t') || c == 0x7f);
+
+					memset(v, 'a', len);
+					v[at] = (char)c;
+					hdrlist_reset(&h);
+					if (hdrlist_add_name(&h, "X", 1) < 0 ||
+					    hdrlist_add_value(&h, v, len) < 0) {
+						wrong++;
+						continue;
+					}
+					wrong += (httphdr_validate(&h) == 0) != want;
+				}
+			}
+		}
+		is_int(wrong, 0, "each byte at each place of a value is refused or not as RFC 9110 says");
+	}
+	hdrlist_reset(&h);
+	ok(hdrlist_add(&h, "X", "a\ta\ta\ta\ta\ta\ta\ta\ta\ta\ta\ta\ta\001") == 0, "add");
+	is_int(httphdr_validate(&h), -1, "a control byte after tabs in earlier words is refused");
 	hdrlist_free(&h);
 }
 
