@@ -143,7 +143,7 @@ median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END {
 paired() {
 	awk -v a="$1" -v b="$2" 'BEGIN {
 		n = split(a, x, " "); split(b, y, " ")
-		for (i = 1; i <= n; i++) { r[i] = x[i] / y[i]; up += (r[i] >= 1) }
+		for (i = 1; i <= n; i++) { r[i] = y[i] > 0 ? x[i] / y[i] : 0; up += (r[i] >= 1) }
 		for (i = 2; i <= n; i++)	# insertion sort: n is small
 			for (j = i; j > 1 && r[j - 1] > r[j]; j--) { t = r[j]; r[j] = r[j - 1]; r[j - 1] = t }
 		printf "%.3f %.3f %.3f %d %d\n", (n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2),
