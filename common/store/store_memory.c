@@ -873,18 +873,17 @@ static void mem_free(struct store *s)
 {
 	struct mem_store *m = (struct mem_store *)s;
 
-	while (m->locals != NULL) {	/* thread_done not called: bases alive */
-		struct mem_local *l = m->locals;
-
-		m->locals = l->next;
-		local_free(l);
-	}
-
 	for (int t = 0; t < 2; t++) {
 		for (size_t i = 0; i < m->t[t].n; i++)
 			while (m->t[t].b[i] != NULL)
 				remove_entry(m, &m->t[t].b[i]);
 		free(m->t[t].b);
+	}
+	while (m->locals != NULL) {	/* thread_done not called: bases alive */
+		struct mem_local *l = m->locals;
+
+		m->locals = l->next;
+		local_free(l);
 	}
 	pthread_mutex_destroy(&m->mu);
 	free(m);
