@@ -220,10 +220,10 @@ static void notify_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
 	struct config *cfg;
-	uint64_t n;
+	eventfd_t n;
 
 	/* reset the counter first: a post after it makes fd readable again */
-	if (read(fd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+	if (eventfd_read(fd, &n) < 0 && errno != EAGAIN)
 		log_error("worker %d: reading its notice: %s", w->id,
 			  strerror(errno));
 	cfg = atomic_exchange(&w->next_cfg, NULL);
@@ -350,10 +350,8 @@ int worker_start(struct worker *w)
 /* Any thread: make the worker run notify_cb. */
 static void post_notice(struct worker *w)
 {
-	static const uint64_t one = 1;
-
 	/* fails only with the counter at its maximum: still readable */
-	if (write(w->notify_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+	if (eventfd_write(w->notify_fd, 1) < 0 && errno != EAGAIN)
 		log_error("worker %d: cannot be notified: %s", w->id,
 			  strerror(errno));
 }

@@ -19,7 +19,7 @@
  *
  *    thread B (settles)                 thread A (waits)
  *    mu: e->waiters -> l->woken,        l->ev readable: mu: l->woken ->
- *        write(l->efd) once                 event_active(o->ev)
+ *        eventfd_write(l->efd) once         event_active(o->ev)
  *
  * No operation's time under the lock grows with the table:
  *
@@ -232,8 +232,6 @@ static void insert(struct mem_store *m, struct mem_entry *e)
 /* Hand w to its loop's mailbox. Under mu. */
 static void local_post(struct mem_local *l, struct mem_op *w)
 {
-	static const uint64_t one = 1;
-
 	TAILQ_INSERT_TAIL(&l->woken, w, wlink);
 	w->woken = true;
 	if (!l->signalled) {
@@ -241,7 +239,7 @@ static void local_post(struct mem_local *l, struct mem_op *w)
 		/* EAGAIN only with the counter at its maximum: still readable.
 		 * Any other failure: the next post tries again, and this
 		 * waiter wakes at its lease's end at the latest. */
-		if (write(l->efd, &one, sizeof(one)) < 0 && errno != EAGAIN) {
+		if (eventfd_write(l->efd, 1) < 0 && errno != EAGAIN) {
 			l->signalled = false;
 			log_error("memory store: waking a loop: %s",
 				  strerror(errno));
@@ -799,9 +797,9 @@ static void local_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct mem_local *l = arg;
 	struct mem_op *o;
-	uint64_t n;
+	eventfd_t n;
 
-	if (read(l->efd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+	if (eventfd_read(l->efd, &n) < 0 && errno != EAGAIN)
 		log_error("memory store: reading a wake-up: %s", strerror(errno));
 	pthread_mutex_lock(&l->m->mu);
 	while ((o = TAILQ_FIRST(&l->woken)) != NULL) {
