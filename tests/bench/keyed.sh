@@ -410,9 +410,6 @@ run_pgbench() {
 		}'
 }
 
-median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END {
-	if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-
 # ---- machine facts --------------------------------------------------------------
 git_rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [[ -n $(git -C "$ROOT" status --porcelain -- proxy common 2>/dev/null) ]]; then
@@ -618,16 +615,21 @@ echo " other than this row's, as a share of both CPUs: a disturbed run shows her
 echo " REDO_OTHER=$REDO_OTHER% were measured again, $REDONE times in all, REDO_MAX=$REDO_MAX)"
 echo
 
-goal() {	# goal LABEL C NUM_TARGET DEN_TARGET MIN: req/s ratio and both p99s
-	local k1=$2/$3 k2=$2/$4
+goal() {	# goal LABEL C NUM_TARGET DEN_TARGET MIN: req/s ratio and both p99s,
+		# then the same ratio round by round (both rows run in every round)
+	local k1=$2/$3 k2=$2/$4 pm pq1 pq3 pmet pn
 	[[ -n ${M[$k1]:-} && -n ${M[$k2]:-} ]] || return 0	# ONLY left one out
 	awk -v l="$1" -v a="${M[$k1]}" -v b="${M[$k2]}" -v g="$5" \
 	    -v qa="${Q[$k1]}" -v qb="${Q[$k2]}" 'BEGIN {
 		r = b > 0 ? a / b : 0
 		printf "  %-62s %6.2fx  goal >= %.1fx  %-22s p99 %7.3f vs %7.3f ms\n", l, r, g,
 			(r >= g ? "MET" : sprintf("NOT MET (%.0f%% short)", (1 - r / g) * 100)), qa, qb }'
+	read -r pm pq1 pq3 pmet pn <<<"$(paired "${RPS[$k1]% }" "${RPS[$k2]% }" "$5")"
+	printf '  %-62s %6.2fx  (q1-q3 %.2f-%.2f), goal met in %d of %d rounds\n' \
+		"  round by round: median" "$pm" "$pq1" "$pq3" "$pmet" "$pn"
 }
-echo "== goals (req/s ratio of the medians; p99 of the first row vs the second)"
+echo "== goals (req/s ratio of the medians; p99 of the first row vs the second; then the"
+echo "   ratio of the two rows in each round, where both ran back to back)"
 for c in $CONNS_LIST; do
 	echo "c=$c"
 	goal "memory: replays / pass-through (issue 3)" "$c" mem-same mem-pass 1.5

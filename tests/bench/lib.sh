@@ -1,6 +1,7 @@
 # tests/bench/lib.sh - what the shell benchmarks share: stopping a process
-# they started, a free port, waiting for a server to listen. Sourced, not
-# run; the script that sources it defines die() and PYTHON.
+# they started, a free port, waiting for a server to listen, medians and
+# round-by-round ratios. Sourced, not run; the script that sources it
+# defines die() and PYTHON.
 
 # stop_pid PID: TERM, up to 5 s (STOP_WAIT tenths of a second), then KILL
 stop_pid() {
@@ -111,4 +112,24 @@ bench_exit() {
 	fi
 	rm -rf "$TMP"
 	exit "$rc"
+}
+
+# median: of the numbers on standard input, separated by spaces
+median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END {
+	if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+# paired "A1 A2 ..." "B1 B2 ..." [MIN]: the ratios Ai / Bi of rounds
+# measured back to back, as "median q1 q3 met n" (met: rounds with
+# Ai / Bi >= MIN, 1 unless given). The machine's speed drifts between
+# rounds by more than two rows differ; within a round both see nearly the
+# same machine.
+paired() {
+	awk -v a="$1" -v b="$2" -v min="${3:-1}" 'BEGIN {
+		n = split(a, x, " "); split(b, y, " ")
+		for (i = 1; i <= n; i++) { r[i] = y[i] > 0 ? x[i] / y[i] : 0; up += (r[i] >= min) }
+		for (i = 2; i <= n; i++)	# insertion sort: n is small
+			for (j = i; j > 1 && r[j - 1] > r[j]; j--) { t = r[j]; r[j] = r[j - 1]; r[j - 1] = t }
+		printf "%.3f %.3f %.3f %d %d\n", (n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2),
+			r[int((n + 3) / 4)], r[n + 1 - int((n + 3) / 4)], up, n
+	}'
 }

@@ -133,24 +133,6 @@ run_wrk() {
 	' <<<"$out"
 }
 
-median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END {
-	if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-
-# paired "A1 A2 ..." "B1 B2 ...": the ratios Ai / Bi of rounds measured
-# back to back, as "median q1 q3 ahead n" (ahead: rounds with Ai >= Bi).
-# The machine's speed drifts between rounds by more than the two servers
-# differ; within a round both see nearly the same machine.
-paired() {
-	awk -v a="$1" -v b="$2" 'BEGIN {
-		n = split(a, x, " "); split(b, y, " ")
-		for (i = 1; i <= n; i++) { r[i] = y[i] > 0 ? x[i] / y[i] : 0; up += (r[i] >= 1) }
-		for (i = 2; i <= n; i++)	# insertion sort: n is small
-			for (j = i; j > 1 && r[j - 1] > r[j]; j--) { t = r[j]; r[j] = r[j - 1]; r[j - 1] = t }
-		printf "%.3f %.3f %.3f %d %d\n", (n % 2 ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2),
-			r[int((n + 3) / 4)], r[n + 1 - int((n + 3) / 4)], up, n
-	}'
-}
-
 declare -A M PR PC PM
 EXTRA=()
 
