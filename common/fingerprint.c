@@ -8,13 +8,15 @@
 
 #include <openssl/evp.h>
 
+#include "hex.h"
+
 /* Domain separation: a fingerprint can never equal some other SHA-256 of
  * ours, and a change of definition gets a new tag. */
 static const char fp_tag[] = "idemproxy-fingerprint-v1";
 static const char fp_tag_shaped[] = "idemproxy-fingerprint-v2";
 
 /*
- * SHA-256, fetched from OpenSSL's provider once for the process. Given
+ * fp_sha256: SHA-256, fetched from OpenSSL's provider once for the process. Given
  * EVP_sha256(), every EVP_DigestInit_ex() looks the implementation up again
  * (a query of the provider's method store, under its lock): a third of
  * what a 1 KiB fingerprint costs. Kept until the process exits; NULL if the
@@ -28,7 +30,7 @@ static void sha256_fetch(void)
 	sha256_fetched = EVP_MD_fetch(NULL, "SHA256", NULL);
 }
 
-static const EVP_MD *sha256(void)
+const EVP_MD *fp_sha256(void)
 {
 	pthread_once(&sha256_once, sha256_fetch);
 	return sha256_fetched != NULL ? sha256_fetched : EVP_sha256();
@@ -75,7 +77,7 @@ int fp_compute(const char *method, const char *target, const struct iovec *body,
 
 	if (ctx == NULL)
 		return -1;
-	ok = EVP_DigestInit_ex(ctx, sha256(), NULL) &&
+	ok = EVP_DigestInit_ex(ctx, fp_sha256(), NULL) &&
 	     EVP_DigestUpdate(ctx, fp_tag, sizeof(fp_tag)) &&	/* with its NUL */
 	     put_field(ctx, method, strlen(method)) &&
 	     put_field(ctx, target, strlen(target));
@@ -92,7 +94,7 @@ int fp_compute_shaped(const char *shaping, size_t shaping_len,
 
 	if (ctx == NULL)
 		return -1;
-	ok = EVP_DigestInit_ex(ctx, sha256(), NULL) &&
+	ok = EVP_DigestInit_ex(ctx, fp_sha256(), NULL) &&
 	     EVP_DigestUpdate(ctx, fp_tag_shaped, sizeof(fp_tag_shaped)) &&
 	     put_field(ctx, shaping, shaping_len) &&
 	     put_field(ctx, method, strlen(method)) &&
@@ -103,11 +105,5 @@ int fp_compute_shaped(const char *shaping, size_t shaping_len,
 
 void fp_hex(const uint8_t fp[FP_LEN], char *buf)
 {
-	static const char hex[] = "0123456789abcdef";
-
-	for (int i = 0; i < FP_LEN; i++) {
-		buf[2 * i] = hex[fp[i] >> 4];
-		buf[2 * i + 1] = hex[fp[i] & 15];
-	}
-	buf[2 * FP_LEN] = '\0';
+	hex_encode(fp, FP_LEN, buf);
 }

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include <openssl/types.h>
+
 #include "compiler.h"
 
 #define FP_LEN 32
@@ -30,6 +32,10 @@ int fp_compute_shaped(const char *shaping, size_t shaping_len,
 		      const char *method, const char *target, size_t target_len,
 		      char kind, const struct iovec *body, int n,
 		      uint8_t out[FP_LEN]) MUSTCHECK;
+
+/* OpenSSL's SHA-256, fetched once for the process: for every digest on a
+ * request's path (EVP_sha256() looks it up again on each init). */
+const EVP_MD *fp_sha256(void);
 
 /* Lower-case hex of a fingerprint into buf (at least 2 * FP_LEN + 1). */
 void fp_hex(const uint8_t fp[FP_LEN], char *buf);

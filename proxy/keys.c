@@ -12,6 +12,7 @@
 #include <openssl/evp.h>
 
 #include "config.h"
+#include "fingerprint.h"
 #include "keyed.h"
 #include "keysrc.h"
 
@@ -179,8 +180,7 @@ void keys_render(FILE *out, const struct keys_query *q,
 	if (purge)
 		add(o, "purged", json_object_new_boolean(found));
 	if (found) {
-		for (int i = 0; i < FP_LEN; i++)
-			snprintf(fp + 2 * i, 3, "%02x", rec->fp[i]);
+		fp_hex(rec->fp, fp);
 		add(o, "state", json_object_new_string(rec->completed ?
 						       "completed" : "in_flight"));
 		add(o, "fingerprint", json_object_new_string(fp));

@@ -14,6 +14,7 @@
 
 #include <openssl/rand.h>
 
+#include "hex.h"
 #include "siphash.h"
 
 /* One block: the struct, then head and body, each NUL-terminated. */
@@ -132,7 +133,6 @@ static __thread struct owner_gen owner_gen;
 
 int store_new_owner(char out[STORE_OWNER_LEN + 1])
 {
-	static const char hex[] = "0123456789abcdef";
 	struct owner_gen *g = &owner_gen;
 	unsigned char raw[STORE_OWNER_LEN / 2];
 
@@ -148,10 +148,6 @@ int store_new_owner(char out[STORE_OWNER_LEN + 1])
 		memcpy(raw + 8 * half, &h, 8);
 	}
 	g->n++;
-	for (size_t i = 0; i < sizeof(raw); i++) {
-		out[2 * i] = hex[raw[i] >> 4];
-		out[2 * i + 1] = hex[raw[i] & 15];
-	}
-	out[STORE_OWNER_LEN] = '\0';
+	hex_encode(raw, sizeof(raw), out);	/* STORE_OWNER_LEN digits */
 	return 0;
 }

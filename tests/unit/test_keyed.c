@@ -283,6 +283,26 @@ static void test_namespaces(struct config *cfg)
 	req_free(&r);
 }
 
+/* A namespace is stored with every key: the same route and caller must
+ * name the same one in every release, or keys claimed before an upgrade
+ * are not found after it. SHA-256 of the bytes, from Python's hashlib. */
+static void test_scope_values(void)
+{
+	char scope[STORE_SCOPE_LEN + 1];
+
+	keyed_scope("orders", NULL, NULL, 0, scope);
+	is_str(scope, "5ea1e92a7c45bb8992676c9ed1e57a319c8d80eb94f1454797a7ac98"
+		      "36ffac2e", "scope of route orders: sha256(\"route\\norders\\n\")");
+	keyed_scope("orders", NULL, "tenant-1", 8, scope);
+	is_str(scope, "48a0c125299ab75aa504841e0c9321d972902d106b218c501677fa2e"
+		      "909d065e", "... and of its caller tenant-1");
+	keyed_scope(NULL, NULL, "tenant-1", 8, scope);
+	is_str(scope, "e93ec4395530f639d66816dc455bd44c4b38101a602b8cd0fd1800bd"
+		      "ffffb3cd", "the global policy's caller tenant-1");
+	keyed_scope(NULL, NULL, NULL, 0, scope);
+	is_str(scope, "", "the global policy without a caller: \"\"");
+}
+
 static void test_normalise(void)
 {
 	static const struct { const char *in, *fwd, *match; } ok_cases[] = {
@@ -442,6 +462,7 @@ int main(void)
 	test_query_scope_none(cfg);
 	test_signature(cfg);
 	test_namespaces(cfg);
+	test_scope_values();
 	test_normalise();
 	test_issue(cfg);
 	test_settlement();
