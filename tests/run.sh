@@ -2,8 +2,9 @@
 # The test command (README, .ci/run): install what is needed, build under
 # AddressSanitizer + UndefinedBehaviorSanitizer with warnings as errors, run
 # every suite (unit tests in C, integration tests in pytest against the real
-# binary), and end with one "N passed, N failed" line. Exit status is
-# non-zero on any failure or sanitizer report.
+# binary), the soaks, the fuzzers and the memory store's threads under
+# ThreadSanitizer, and end with one "N passed, N failed" line. Exit status
+# is non-zero on any failure or sanitizer report.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -60,6 +61,26 @@ if IDEMPROXY_FUZZ_BUILD="$FUZZ_BUILD" tests/fuzz/run.sh --setup; then
   cat "$FUZZ_BUILD/meson-logs/testlog.json" >> "$logs"
 else
   echo '{"name": "fuzz: build", "result": "FAIL"}' >> "$logs"
+  status=1
+fi
+
+# The memory store's threads under ThreadSanitizer: its unit test runs
+# claims, completions, waiters woken through the loops' mailboxes and
+# cancellations from many threads at once (docs/architecture.md "The store
+# interface"). ASLR off (setarch -R): TSan's shadow memory needs the
+# address layout it knows. Counted in the summary.
+TSAN_BUILD=${IDEMPROXY_TSAN_BUILD:-build-tsan}
+if [ ! -f "$TSAN_BUILD/build.ninja" ]; then
+  meson setup "$TSAN_BUILD" -Dbuildtype=debugoptimized -Db_sanitize=thread \
+    -Dintegration_tests=disabled -Dwerror=true >/dev/null
+fi
+if meson compile -C "$TSAN_BUILD" tests/unit/test_store >/dev/null; then
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
+    setarch "$(uname -m)" -R meson test -C "$TSAN_BUILD" store \
+      --no-rebuild --print-errorlogs --logbase tsan || status=1
+  cat "$TSAN_BUILD/meson-logs/tsan.json" >> "$logs"
+else
+  echo '{"name": "tsan: build", "result": "FAIL"}' >> "$logs"
   status=1
 fi
 

@@ -749,7 +749,9 @@ static void mem_cancel(struct store_op *op)
 	struct mem_op *o = (struct mem_op *)op;
 	struct mem_store *m = (struct mem_store *)op->store;
 
-	if (o->res.status == STORE_WON && !o->watch) {
+	/* o->watch first: a watch's status is written by the thread that
+	 * wakes it, under mu; any other op's only by this loop */
+	if (!o->watch && o->res.status == STORE_WON) {
 		/* a win nobody will execute: give the key back at once instead
 		 * of leaving it in flight for a whole lease */
 		struct mem_entry **pp;
