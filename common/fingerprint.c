@@ -16,11 +16,12 @@ static const char fp_tag[] = "idemproxy-fingerprint-v1";
 static const char fp_tag_shaped[] = "idemproxy-fingerprint-v2";
 
 /*
- * fp_sha256: SHA-256, fetched from OpenSSL's provider once for the process. Given
- * EVP_sha256(), every EVP_DigestInit_ex() looks the implementation up again
- * (a query of the provider's method store, under its lock): a third of
- * what a 1 KiB fingerprint costs. Kept until the process exits; NULL if the
- * fetch failed, and then EVP_sha256() is used as before.
+ * fp_sha256: SHA-256, fetched from OpenSSL's provider once for the
+ * process. Given EVP_sha256(), every EVP_DigestInit_ex() looks the
+ * implementation up again (a query of the provider's method store, under
+ * its lock): a third of what a 1 KiB fingerprint costs. Kept until the
+ * process exits; NULL if the fetch failed, and then EVP_sha256() is used
+ * as before.
  */
 static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
 static EVP_MD *sha256_fetched;
