@@ -75,11 +75,10 @@ no_aslr=""
 if setarch "$(uname -m)" -R true 2>/dev/null; then
   no_aslr="setarch $(uname -m) -R"
 fi
-if [ ! -f "$TSAN_BUILD/build.ninja" ]; then
-  meson setup "$TSAN_BUILD" -Dbuildtype=debugoptimized -Db_sanitize=thread \
-    -Dintegration_tests=disabled -Dwerror=true >/dev/null
-fi
-if meson compile -C "$TSAN_BUILD" tests/unit/test_store >/dev/null; then
+if { [ -f "$TSAN_BUILD/build.ninja" ] ||
+     meson setup "$TSAN_BUILD" -Dbuildtype=debugoptimized -Db_sanitize=thread \
+       -Dintegration_tests=disabled -Dwerror=true >/dev/null; } &&
+   meson compile -C "$TSAN_BUILD" tests/unit/test_store >/dev/null; then
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" \
     $no_aslr meson test -C "$TSAN_BUILD" store \
       --no-rebuild --print-errorlogs --logbase tsan || status=1
