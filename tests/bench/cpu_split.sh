@@ -47,9 +47,6 @@ command -v "$WRK" >/dev/null || die "$WRK not found"
 bench_binaries
 bench_tmp split
 
-ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }	# utime + stime
-machine_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat; }
-
 start_stub
 PROXY_PORT=$(free_port)
 ADMIN_PORT=$(free_port)
@@ -71,16 +68,16 @@ for ((r = 1; r <= ROUNDS; r++)); do
 	for nokey in 1 0; do
 		row=new-key
 		[[ $nokey == 1 ]] && row=no-key
-		p0=$(ticks "$PROXY_PID"); s0=$(ticks "$STUB_PID"); m0=$(machine_ticks)
+		p0=$(proc_ticks "$PROXY_PID"); s0=$(proc_ticks "$STUB_PID"); m0=$(busy_ticks)
 		KEYED_NOKEY=$nokey "$WRK" -t"$THREADS" -c"$CONNS" -d"${DURATION}s" \
 			-s "$HERE/keyed_unique.lua" "http://127.0.0.1:$PROXY_PORT/" >"$TMP/wrk.out" 2>&1 &
 		wp=$!
 		sleep 0.5
-		w0=$(ticks "$wp")
+		w0=$(proc_ticks "$wp")
 		sleep $((DURATION - 1))
-		w1=$(ticks "$wp")
+		w1=$(proc_ticks "$wp")
 		wait "$wp" || die "wrk failed: $(tail -3 "$TMP/wrk.out")"
-		p1=$(ticks "$PROXY_PID"); s1=$(ticks "$STUB_PID"); m1=$(machine_ticks)
+		p1=$(proc_ticks "$PROXY_PID"); s1=$(proc_ticks "$STUB_PID"); m1=$(busy_ticks)
 		n=$(awk '/ requests in / { print $1 }' "$TMP/wrk.out")
 		[[ -n $n && $n -gt 0 ]] || die "wrk counted no requests"
 		RPS[$row]+="$(awk -v n="$n" -v d="$DURATION" 'BEGIN { printf "%.0f", n / d }') "

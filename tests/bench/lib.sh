@@ -1,6 +1,6 @@
 # tests/bench/lib.sh - what the shell benchmarks share: stopping a process
-# they started, a free port, waiting for a server to listen, medians and
-# round-by-round ratios. Sourced, not run; the script that sources it
+# they started, a free port, waiting for a server to listen, CPU time of
+# processes and of the machine, medians and round-by-round ratios. Sourced, not run; the script that sources it
 # defines die() and PYTHON.
 
 # stop_pid PID: TERM, up to 5 s (STOP_WAIT tenths of a second), then KILL
@@ -112,6 +112,23 @@ bench_exit() {
 	fi
 	rm -rf "$TMP"
 	exit "$rc"
+}
+
+# proc_ticks PID...: CPU time (user + system) in clock ticks, summed over
+# the PIDs (the fields after the command, which may hold blanks)
+proc_ticks() {
+	local sum=0 pid v
+	for pid in "$@"; do
+		v=$(sed 's/^.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')
+		sum=$((sum + v))
+	done
+	echo "$sum"
+}
+
+# busy_ticks: busy time of the whole machine (every CPU: user, nice,
+# system, irq, softirq, steal; not idle nor iowait), in clock ticks
+busy_ticks() {
+	awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
 }
 
 # median: of the numbers on standard input, separated by spaces

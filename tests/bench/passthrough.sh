@@ -132,16 +132,6 @@ serving_pids() {
 	esac
 }
 
-# CPU time (user + system) in clock ticks, summed over the given PIDs.
-cpu_ticks() {
-	local sum=0 pid v
-	for pid in "$@"; do
-		v=$(sed 's/^.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')
-		sum=$((sum + v))
-	done
-	echo "$sum"
-}
-
 # ---- wrk ----------------------------------------------------------------------
 # run_wrk URL DURATION [LUA] [PIDS]: prints "rps p50_ms p99_ms errors cpu_us_per_req";
 # the last is the CPU time the server PIDS used per request during the run
@@ -152,11 +142,11 @@ run_wrk() {
 	[[ -n $lua ]] && args+=(-s "$lua")
 	secs=${dur%s}
 	# shellcheck disable=SC2086
-	t0=$(cpu_ticks $pids)
+	t0=$(proc_ticks $pids)
 	out=$(timeout $((secs + 30)) "${wrk_cpu[@]}" "$WRK" "${args[@]}" "$url") ||
 		die "wrk failed against $url"
 	# shellcheck disable=SC2086
-	t1=$(cpu_ticks $pids)
+	t1=$(proc_ticks $pids)
 	awk -v ticks=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
 	function ms(v) {
 		if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000

@@ -78,21 +78,6 @@ serving_pids() {
 	esac
 }
 
-# CPU time (user + system) in clock ticks, summed over the given PIDs.
-cpu_ticks() {
-	local sum=0 pid v
-	for pid in "$@"; do
-		v=$(sed 's/^.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')
-		sum=$((sum + v))
-	done
-	echo "$sum"
-}
-
-# Busy time of the whole machine (every CPU, not idle nor iowait), in ticks.
-machine_ticks() {
-	awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
-}
-
 # ---- wrk ----------------------------------------------------------------------
 # run_wrk URL DURATION [LUA] [PIDS]: prints "rps p50_ms p99_ms errors
 # cpu_us_per_req stub_us_per_req machine_us_per_req"; cpu is the CPU time
@@ -105,11 +90,11 @@ run_wrk() {
 	[[ -n $lua ]] && args+=(-s "$lua")
 	secs=${dur%s}
 	# shellcheck disable=SC2086
-	t0=$(cpu_ticks $pids); s0=$(cpu_ticks "$STUB_PID"); m0=$(machine_ticks)
+	t0=$(proc_ticks $pids); s0=$(proc_ticks "$STUB_PID"); m0=$(busy_ticks)
 	out=$(timeout $((secs + 30)) "${wrk_cpu[@]}" "$WRK" "${args[@]}" "$url") ||
 		die "wrk failed against $url"
 	# shellcheck disable=SC2086
-	t1=$(cpu_ticks $pids); s1=$(cpu_ticks "$STUB_PID"); m1=$(machine_ticks)
+	t1=$(proc_ticks $pids); s1=$(proc_ticks "$STUB_PID"); m1=$(busy_ticks)
 	awk -v ticks=$((t1 - t0)) -v sticks=$((s1 - s0)) -v mticks=$((m1 - m0)) \
 	    -v hz="$(getconf CLK_TCK)" '
 	function ms(v) {
