@@ -6,6 +6,9 @@ instance back within RECOVERY_BOUND_S of the cluster after each fault.
 
     /usr/bin/python3 tests/ha/soak.py [MINUTES] [SEED] [async]
 
+FAULTS="etcd_freeze restart ..." (names without "fault_") limits the run
+to those faults.
+
 With "async" the cluster replicates asynchronously (Patroni's default) and
 the only fault is the leader's host killed: what such a failover loses
 (docs/ha.md). Double executions are then expected and reported as FAIL.
@@ -16,6 +19,8 @@ at the end. Exit 0 on PASS.
 """
 import os
 import random
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +33,8 @@ os.environ.setdefault("IDEMPROXY_BIN",
 os.environ.setdefault("STUB_UPSTREAM_BIN",
                       os.path.join(ROOT, "build-test/tests/support/stub_upstream"))
 
+from cluster import (PG_BINDIR, ClusterError, http_json,  # noqa: E402
+                     signal_pids)
 from test_failover import (RECOVERY_BOUND_S, Cluster, Load, Proxy,  # noqa
                            Stub, check_history, recovery)
 
@@ -76,8 +83,97 @@ def fault_cancel_waits(c, head):
     return f"{n} sync waits cancelled on {leader}, then its host killed"
 
 
+def fault_etcd_freeze(c, head):
+    """The DCS gone past the ttl: Patroni 3.0 (no failsafe_mode) demotes
+    the leader to a read-only standby; a leader again once etcd is back."""
+    leader = c.leader()
+    signal_pids([c.etcd.pid], signal.SIGSTOP)
+    try:
+        time.sleep(c.ttl + 3)
+        demoted = c.psql(leader, "select pg_is_in_recovery()", check=False,
+                         timeout=3)
+    finally:
+        signal_pids([c.etcd.pid], signal.SIGCONT)
+    c.wait_leader(timeout=90)
+    healed = heal(c)
+    return f"etcd frozen {c.ttl + 3} s (old leader {leader} in " \
+        f"recovery: {demoted}){healed}"
+
+
+def heal(c):
+    """Patroni 3.0.2, after losing the DCS, may leave a replica with no
+    primary_conninfo ("following a different leader because i am not the
+    healthiest node", then "no action" for ever). Restart the patroni of
+    any replica that does not stream within 60 s; "" when none needed it.
+    """
+    try:
+        c.wait_healthy(timeout=60)
+        return ""
+    except ClusterError:
+        pass
+    leader = c.leader()
+    out = c.psql(leader, "select application_name from pg_stat_replication "
+                 "where state = 'streaming'", check=False, timeout=3) or ""
+    stuck = [n.name for n in c.nodes if n.name != leader and
+             n.name not in out.split()]
+    for name in stuck:
+        c.stop_node(name)
+        c.start_node(name, wait=False)
+    return f", patroni restarted on {stuck}"
+
+
+def fault_pg_immediate(c, head):
+    """pg_ctl stop -m immediate on the leader; Patroni restarts it in
+    place or fails over."""
+    leader = c.leader()
+    node = c.node(leader)
+    as_user = ["runuser", "-u", c.user, "--"] if c.user else []
+    subprocess.run(as_user + [os.path.join(PG_BINDIR, "pg_ctl"), "stop",
+                              "-m", "immediate", "-D", node.data_dir],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=30)
+    c.wait_leader(timeout=90)
+    return f"pg_ctl stop -m immediate on {leader}"
+
+
+def fault_terminate_backends(c, head):
+    """idemproxy's backends on the leader terminated again and again for
+    2 s: commits cut at every point, mid-commit among them."""
+    leader = c.leader()
+    n = 0
+    t_end = time.monotonic() + 2.0
+    while time.monotonic() < t_end:
+        out = c.psql(leader, "select count(pg_terminate_backend(pid)) from "
+                     "pg_stat_activity where usename = 'idem'", check=False)
+        n += int(out or 0)
+    c.wait_leader(timeout=60)
+    return f"{n} backends terminated on {leader}"
+
+
+def fault_restart(c, head):
+    """A restart of the leader's PostgreSQL through Patroni's API."""
+    leader = c.leader()
+    st, msg = http_json(c.node(leader).api_url + "/restart", method="POST",
+                        body={}, timeout=60)
+    c.wait_leader(timeout=90)
+    return f"patroni restart of {leader}: {st}"
+
+
+def fault_failover(c, head):
+    """A manual failover (POST /failover, no leader named) to the sync
+    standby."""
+    leader = c.leader()
+    to = c.sync_standby()
+    st, msg = http_json(c.node(to).api_url + "/failover", method="POST",
+                        body={"candidate": to}, timeout=60)
+    new = c.wait_leader(exclude=leader, timeout=90)
+    return f"manual failover {leader} -> {new}: {st}"
+
+
 FAULTS = [fault_freeze, fault_switchover, fault_kill_node,
-          fault_kill_postgres, fault_cancel_waits]
+          fault_kill_postgres, fault_cancel_waits, fault_etcd_freeze,
+          fault_pg_immediate, fault_terminate_backends, fault_restart,
+          fault_failover]
 
 
 def main():
@@ -85,6 +181,9 @@ def main():
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else int(time.time())
     sync = not (len(sys.argv) > 3 and sys.argv[3] == "async")
     faults = FAULTS if sync else [fault_kill_node]
+    only = os.environ.get("FAULTS")
+    if only:
+        faults = [f for f in faults if f.__name__[6:] in only.split()]
     rnd = random.Random(seed)
     print(f"ha soak: {minutes} min, seed {seed}, "
           f"{'synchronous strict' if sync else 'asynchronous'}")
