@@ -431,6 +431,7 @@ class Cluster:
         self._killed = set()        # nodes killed or stopped on purpose
         self._last_leader = None
         self.etcd = None
+        self.etcd_frozen = False
         self.nodes = []
         self.t0 = time.monotonic()
 
@@ -975,6 +976,43 @@ class Cluster:
         node.frozen = False
         self._log(f"thawed {node.name}")
 
+    def freeze_etcd(self):
+        """SIGSTOP etcd: the DCS stops answering. Past the ttl Patroni 3.0
+        (no failsafe_mode) demotes the leader to a read-only standby."""
+        signal_pids([self.etcd.pid], signal.SIGSTOP)
+        self.etcd_frozen = True
+        self._log("froze etcd")
+
+    def thaw_etcd(self):
+        signal_pids([self.etcd.pid], signal.SIGCONT)
+        self.etcd_frozen = False
+        self._log("thawed etcd")
+
+    def stop_postgres_immediate(self, name, timeout=30.0):
+        """pg_ctl stop -m immediate on one node: PostgreSQL crashes alone
+        (no shutdown checkpoint); Patroni starts it again or fails over."""
+        node = self.node(name)
+        as_user = ["runuser", "-u", self.user, "--"] if self.user else []
+        subprocess.run(as_user + [os.path.join(PG_BINDIR, "pg_ctl"), "stop",
+                                  "-m", "immediate", "-D", node.data_dir],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       stdin=subprocess.DEVNULL, timeout=timeout)
+        self._log(f"pg_ctl stop -m immediate on {node.name}")
+
+    def terminate_backends(self, name, user, seconds):
+        """pg_terminate_backend() on every backend of `user` on one node,
+        again and again for `seconds`: transactions cut at every point,
+        commits among them. Returns how many were terminated."""
+        n = 0
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end:
+            out = self.psql(name, "select count(pg_terminate_backend(pid)) "
+                            f"from pg_stat_activity where usename = '{user}'",
+                            check=False)
+            n += int(out or 0)
+        self._log(f"terminated {n} backends of {user} on {name}")
+        return n
+
     def switchover(self, to=None, timeout=60.0):
         """Planned switchover from the current leader to `to` (default: the
         sync standby in synchronous mode, else Patroni's choice). Patroni
@@ -1057,6 +1095,8 @@ class Cluster:
             p.kill()
         for n in self.nodes:
             n.frozen = False
+        if self.etcd is not None and self.etcd_frozen:
+            self.thaw_etcd()
         if self.etcd is not None:
             self.etcd.terminate(5)
         self._save_logs()

@@ -19,8 +19,6 @@ at the end. Exit 0 on PASS.
 """
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,8 +31,7 @@ os.environ.setdefault("IDEMPROXY_BIN",
 os.environ.setdefault("STUB_UPSTREAM_BIN",
                       os.path.join(ROOT, "build-test/tests/support/stub_upstream"))
 
-from cluster import (PG_BINDIR, ClusterError, http_json,  # noqa: E402
-                     signal_pids)
+from cluster import ClusterError, http_json  # noqa: E402
 from test_failover import (RECOVERY_BOUND_S, Cluster, Load, Proxy,  # noqa
                            Stub, check_history, recovery)
 
@@ -87,13 +84,13 @@ def fault_etcd_freeze(c, head):
     """The DCS gone past the ttl: Patroni 3.0 (no failsafe_mode) demotes
     the leader to a read-only standby; a leader again once etcd is back."""
     leader = c.leader()
-    signal_pids([c.etcd.pid], signal.SIGSTOP)
+    c.freeze_etcd()
     try:
         time.sleep(c.ttl + 3)
         demoted = c.psql(leader, "select pg_is_in_recovery()", check=False,
                          timeout=3)
     finally:
-        signal_pids([c.etcd.pid], signal.SIGCONT)
+        c.thaw_etcd()
     c.wait_leader(timeout=90)
     healed = heal(c)
     return f"etcd frozen {c.ttl + 3} s (old leader {leader} in " \
@@ -126,12 +123,7 @@ def fault_pg_immediate(c, head):
     """pg_ctl stop -m immediate on the leader; Patroni restarts it in
     place or fails over."""
     leader = c.leader()
-    node = c.node(leader)
-    as_user = ["runuser", "-u", c.user, "--"] if c.user else []
-    subprocess.run(as_user + [os.path.join(PG_BINDIR, "pg_ctl"), "stop",
-                              "-m", "immediate", "-D", node.data_dir],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=30)
+    c.stop_postgres_immediate(leader)
     c.wait_leader(timeout=90)
     return f"pg_ctl stop -m immediate on {leader}"
 
@@ -140,12 +132,7 @@ def fault_terminate_backends(c, head):
     """idemproxy's backends on the leader terminated again and again for
     2 s: commits cut at every point, mid-commit among them."""
     leader = c.leader()
-    n = 0
-    t_end = time.monotonic() + 2.0
-    while time.monotonic() < t_end:
-        out = c.psql(leader, "select count(pg_terminate_backend(pid)) from "
-                     "pg_stat_activity where usename = 'idem'", check=False)
-        n += int(out or 0)
+    n = c.terminate_backends(leader, "idem", 2.0)
     c.wait_leader(timeout=60)
     return f"{n} backends terminated on {leader}"
 

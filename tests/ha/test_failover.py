@@ -10,7 +10,11 @@ retrying old ones on any instance while the cluster fails over:
   2. a planned switchover;
   3. the leader's host dies (kill -9 of Patroni and PostgreSQL): failover;
   4. a burst of cancelled synchronous-replication waits on the leader (its
-     commits are local only), then its host dies.
+     commits are local only), then its host dies;
+  5. idemproxy's backends on the leader terminated for 2 s, then its
+     PostgreSQL stopped with pg_ctl -m immediate;
+  6. etcd frozen past the ttl: the leader demotes itself (read-only)
+     until etcd answers again.
 
 Asserted: no key executed twice; every 200 for a key carries the one
 execution's response; and after each fault every instance executes fresh
@@ -150,7 +154,7 @@ def cluster():
         if not os.access(binary, os.X_OK):
             pytest.skip(f"{binary} not installed (deploy/install-deps.sh)")
     # ttl 8 s (Patroni's rule: ttl >= loop_wait + 2 x retry_timeout) keeps
-    # the three failovers of the test within the README command's budget
+    # the faults of the test within the README command's budget
     c = Cluster(n=3, synchronous=True, strict=True, ttl=8, loop_wait=1,
                 retry_timeout=3)
     yield c
@@ -214,6 +218,28 @@ def test_failovers_execute_each_key_once(cluster, tmp_path):
         lags["cancelled waits + kill -9"] = recovery(proxies, time.monotonic(),
                                                      "cancel")
         cluster.start_node(leader, wait=False)
+        cluster.wait_healthy(timeout=90)
+
+        # 5. the leader's backends terminated for 2 s (commits cut at
+        # every point), then its PostgreSQL stopped -m immediate
+        leader = cluster.leader()
+        n = cluster.terminate_backends(leader, "idem", 2.0)
+        print(f"backends terminated on {leader}: {n}")
+        cluster.stop_postgres_immediate(leader)
+        cluster.wait_leader(timeout=90)
+        lags["terminated + immediate stop"] = recovery(
+            proxies, time.monotonic(), "immediate")
+
+        # 6. etcd frozen past the ttl: the leader demotes itself to a
+        # read-only standby until etcd is back (last: Patroni 3.0.2 may
+        # leave a replica unstreaming after it, docs/ha.md)
+        cluster.freeze_etcd()
+        try:
+            time.sleep(cluster.ttl + 3)
+        finally:
+            cluster.thaw_etcd()
+        cluster.wait_leader(timeout=90)
+        lags["etcd frozen"] = recovery(proxies, time.monotonic(), "etcd")
         time.sleep(1)
     except BaseException:
         load.stop()
