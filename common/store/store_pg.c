@@ -1028,6 +1028,12 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 		     "SET jit = off;\n"
 		     /* see PG_MALLOC_PAD */
 		     "SELECT length(repeat('x', " PG_MALLOC_PAD "));\n"
+		     /* may a failover lose what this store acknowledged?
+		      * (check_replication, store_pg_pool.c) */
+		     "SELECT (SELECT count(*) FROM pg_stat_replication)"
+		     " AS " PG_REPLICATION_COLUMN ","
+		     " current_setting('synchronous_standby_names'),"
+		     " current_setting('synchronous_commit');\n"
 		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint, boolean) AS %s;\n"
 		     "PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint, bigint) AS %s;\n"
 		     "PREPARE idem_release (text, text, text, bigint) AS %s;\n"

@@ -810,12 +810,54 @@ static void notified(struct pg_local *l, const char *payload)
 	}
 }
 
+/*
+ * The primary streams WAL to someone but waits for no standby, or lets
+ * this session not wait: a failover to such a standby can lose claims and
+ * completions already acknowledged, whose keys then execute again
+ * (docs/ha.md, "What each replication mode guarantees"). A warning only:
+ * a WAL sender may be a backup or logical decoding, never promoted. At most
+ * once per PG_ASYNC_LOG_MS for the whole store, from whichever connection
+ * of whichever thread sees it.
+ */
+static void check_replication(struct pg_conn *c, const PGresult *r)
+{
+	struct pg_store *s = c->local->s;
+	const char *senders, *names, *commit, *why;
+	uint64_t now = clock_ms(), last;
+
+	if (PQntuples(r) != 1)
+		return;
+	senders = PQgetvalue(r, 0, 0);
+	names = PQgetvalue(r, 0, 1);
+	commit = PQgetvalue(r, 0, 2);
+	if (strcmp(senders, "0") == 0)
+		return;
+	if (names[0] == '\0')
+		why = "synchronous_standby_names is empty";
+	else if (strcmp(commit, "local") == 0 || strcmp(commit, "off") == 0)
+		why = commit[0] == 'l' ? "synchronous_commit is local" :
+					 "synchronous_commit is off";
+	else
+		return;
+	last = atomic_load(&s->async_logged_ms);
+	if ((last != 0 && now - last < PG_ASYNC_LOG_MS) ||
+	    !atomic_compare_exchange_strong(&s->async_logged_ms, &last, now))
+		return;
+	log_warn("postgres store: %s:%s streams WAL to %s sender(s) but %s: "
+		 "a failover to a standby can lose claims and completions "
+		 "already acknowledged, and their keys run again "
+		 "(docs/ha.md)", PQhost(c->pg), PQport(c->pg), senders, why);
+}
+
 /* The setup batch (or the listener's LISTEN) answered. */
 static void setup_result(struct pg_conn *c, PGresult *r)
 {
 	if (r != NULL) {
 		ExecStatusType st = PQresultStatus(r);
 
+		if (st == PGRES_TUPLES_OK && PQnfields(r) == 3 &&
+		    strcmp(PQfname(r, 0), PG_REPLICATION_COLUMN) == 0)
+			check_replication(c, r);
 		PQclear(r);
 		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
 			conn_fail(c, "setup failed");

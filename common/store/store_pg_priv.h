@@ -28,6 +28,10 @@
  * failover's new primary is found within it (docs/ha.md). */
 #define PG_BACKOFF_MAX_MS 500
 #define PG_BACKOFF_PENDING_MS 250	/* reconnect this often while work waits */
+/* The setup's replication check (check_replication): its first column's
+ * name, and how often its warning may repeat. */
+#define PG_REPLICATION_COLUMN "idemproxy_replication"
+#define PG_ASYNC_LOG_MS (10 * 60 * 1000)
 #define PG_SWEEP_BATCH 1000
 #define PG_CLAIM_RETRIES 5	/* the record changed under the statement */
 #define PG_STMT_ERRORS 3	/* a statement failing on its own */
@@ -180,6 +184,7 @@ struct pg_store {
 	int conns_per_thread;
 	atomic_int up;			/* connections up, all threads */
 	atomic_bool down_logged;
+	_Atomic uint64_t async_logged_ms;	/* check_replication() */
 	pthread_mutex_t mu;
 	struct pg_local *locals;
 	store_pg_notify_fn notify_fn;	/* every notification (a cache) */

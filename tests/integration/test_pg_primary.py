@@ -15,6 +15,7 @@ parts (tests/ha/ runs the real Patroni cluster):
 """
 import concurrent.futures
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -230,3 +231,61 @@ def test_purge_rewritten_after_a_cancelled_wait_reports_the_record(
     r = keyed_post(p.port, "purge-1")
     assert r.status == 200 and r.header("Idempotent-Replayed") != "true"
     assert stub.stats()["keys"].get("purge-1") == 2
+
+
+def test_asynchronous_replication_is_warned(make_proxy, stub, private_pg):
+    """A primary that streams WAL to a standby it does not wait for can
+    lose acknowledged claims and completions in a failover (docs/ha.md):
+    the proxy says so when it connects. pg_receivewal stands in for the
+    standby. Once that standby is synchronous, a proxy says nothing."""
+    wal = os.path.join(private_pg.base, "wal")
+    os.makedirs(wal)
+    if private_pg.as_pg:
+        shutil.chown(wal, "postgres", "postgres")
+    rx = subprocess.Popen(
+        private_pg.as_pg + [os.path.join(PG_BINDIR, "pg_receivewal"),
+                            "-h", "127.0.0.1", "-p", str(private_pg.port),
+                            "-U", "postgres", "-D", wal, "--synchronous",
+                            "--no-loop"],
+        cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 15
+        while private_pg.psql("select count(*) from pg_stat_replication "
+                              "where state = 'streaming'") != "1":
+            assert rx.poll() is None, rx.stderr.read()
+            assert time.monotonic() < deadline, "pg_receivewal never streamed"
+            time.sleep(0.1)
+
+        url = private_pg.url("idem")
+        p = make_proxy("--store", url)
+        wait_readyz(p, 200)
+        r = keyed_post(p.port, "async-1")
+        assert r.status == 200, r
+        log = p.log()
+        assert "streams WAL to 1 sender(s) but synchronous_standby_names " \
+               "is empty" in log, log
+        assert log.count("streams WAL to") == 1, log    # once per store
+
+        private_pg.psql("alter system set synchronous_standby_names = "
+                        "'pg_receivewal'")
+        private_pg.psql("select pg_reload_conf()")
+        deadline = time.monotonic() + 15
+        while private_pg.psql("select sync_state from pg_stat_replication") \
+                != "sync":
+            assert time.monotonic() < deadline, "no synchronous standby"
+            time.sleep(0.1)
+        q = make_proxy("--store", url)
+        wait_readyz(q, 200)
+        r = keyed_post(q.port, "async-2")     # waits for the standby
+        assert r.status == 200, r
+        assert "streams WAL to" not in q.log(), q.log()
+    finally:
+        rx.terminate()
+        try:
+            rx.wait(10)
+        except subprocess.TimeoutExpired:
+            rx.kill()
+            rx.wait()
+        private_pg.psql("alter system reset synchronous_standby_names")
+        private_pg.psql("select pg_reload_conf()")
