@@ -171,6 +171,9 @@ def main():
     only = os.environ.get("FAULTS")
     if only:
         faults = [f for f in faults if f.__name__[6:] in only.split()]
+        if not faults:
+            sys.exit(f"ha soak: no fault named in FAULTS={only!r}; kinds: " +
+                     " ".join(f.__name__[6:] for f in FAULTS))
     rnd = random.Random(seed)
     print(f"ha soak: {minutes} min, seed {seed}, "
           f"{'synchronous strict' if sync else 'asynchronous'}")
