@@ -122,6 +122,7 @@ struct mem_op {
 	struct store_result res;
 	bool watch;			/* a watch: other threads may touch it */
 	struct store_key key;		/* a claim's key, to undo a cancelled win */
+	bool took_over;			/* that win took a lapsed record over */
 	/* a watch's place, under mu: on watching->waiters, on local->woken
 	 * (woken), or on neither */
 	struct mem_local *local;	/* its loop's mailbox; NULL: none */
@@ -486,6 +487,7 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		e->lease_until = now + c->lease_ms;
 		e->created_at = now;
 		e->expires_at = now + inflight_ttl(c);
+		o->took_over = true;
 		st = STORE_WON;
 	} else {
 		st = STORE_IN_FLIGHT;
@@ -753,13 +755,20 @@ static void mem_cancel(struct store_op *op)
 	 * wakes it, under mu; any other op's only by this loop */
 	if (!o->watch && o->res.status == STORE_WON) {
 		/* a win nobody will execute: give the key back at once instead
-		 * of leaving it in flight for a whole lease */
+		 * of leaving it in flight for a whole lease. A record taken
+		 * over was another request's, which may have executed: it
+		 * stays, its fingerprint bound until it expires, and only its
+		 * lease ends now (a retry takes over, another body gets 422) */
 		struct mem_entry **pp;
 
 		pthread_mutex_lock(&m->mu);
 		pp = find_owned(m, &o->key, o->res.owner);
-		if (pp != NULL)
+		if (pp != NULL && o->took_over) {
+			(*pp)->lease_until = m->clock();
+			wake_waiters(*pp);
+		} else if (pp != NULL) {
 			remove_entry(m, pp);
+		}
 		pthread_mutex_unlock(&m->mu);
 	}
 	if (o->watch) {

@@ -327,6 +327,30 @@ static void release_owned(struct pg_local *l, const struct store_key *k,
 }
 
 /*
+ * A claim this store holds (won) but nobody will execute, on a record that
+ * was not new: end its lease now (an extension by 0 ms), in the background,
+ * keeping the record and its fingerprint. Goes on like an abandoned claim
+ * until its deadline.
+ */
+static void lapse_owned(struct pg_local *l, const struct store_key *k,
+			const char *owner, uint64_t lease_ms)
+{
+	struct pg_op *o = pg_op_alloc(l, PG_EXTEND, k, NULL, NULL);
+
+	if (o == NULL) {
+		log_error("key %s: out of memory; an abandoned claim stays until "
+			  "its lease ends", k->key);
+		return;
+	}
+	memcpy(o->owner, owner, sizeof(o->owner));
+	o->lease_ms = 0;
+	o->abandoned = true;	/* kept on retries (retry_op), dropped at
+				 * its deadline (pg_give_up) */
+	o->deadline_ms = clock_ms() + lease_ms;
+	pg_enqueue(o, false);
+}
+
+/*
  * Make claim o abandoned: nobody will execute it, but it was sent and may
  * have committed (or may still: a statement that timed out on our side
  * can commit on the server later - a phantom claim). It goes on in the
@@ -427,8 +451,18 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 				 o->owner, (long long)get_int8(r, 0, 6));
 		if (o->cb == NULL) {
 			/* abandoned: nobody will execute it; give the key back
-			 * now rather than leave it stuck for a lease */
-			release_owned(o->local, &o->key, o->owner, o->lease_ms);
+			 * now rather than leave it stuck for a lease. A row
+			 * this statement inserted goes. One it (or the attempt
+			 * before it) took over was another request's, which
+			 * may have executed: its fingerprint stays bound until
+			 * it expires, and only its lease ends now, so that a
+			 * retry takes over at once and another body gets 422 */
+			if (PQgetisnull(r, 0, 1))
+				release_owned(o->local, &o->key, o->owner,
+					      o->lease_ms);
+			else
+				lapse_owned(o->local, &o->key, o->owner,
+					    o->lease_ms);
 			pg_op_free(o);
 			return;
 		}

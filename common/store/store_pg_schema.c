@@ -34,7 +34,7 @@
 
 /* Marks the functions as this version's: a database whose functions an
  * earlier version created gets them replaced. Change it with them. */
-#define SCHEMA_MARK "idemproxy schema 7"
+#define SCHEMA_MARK "idemproxy schema 8"
 
 /* In pieces: C compilers need not take longer literals. */
 static const char *const schema_parts[] = {
@@ -267,6 +267,9 @@ static const char *const schema_parts[] = {
 	"    RETURNING k.part_at INTO at;\n"
 	"    IF FOUND THEN\n"
 	"      state := 'won';\n"
+	"      -- not known to be new (that attempt may have taken it over):\n"
+	"      -- an abandoned claim lapses it rather than delete it\n"
+	"      fingerprint := c.fingerprint;\n"
 	"      part_hint := idemproxy_part_hint(at);\n"
 	"      RETURN NEXT;\n"
 	"    END IF;\n"
@@ -329,6 +332,11 @@ static const char *const schema_parts[] = {
 	"    RETURNING k.part_at INTO at;\n"
 	"    IF NOT FOUND THEN\n"
 	"      RETURN;                 -- changed meanwhile: claim again\n"
+	"    END IF;\n"
+	"    IF NOT c.expired THEN\n"
+	"      -- taken over from a request that may have executed: its\n"
+	"      -- fingerprint must stay bound (claim_result, abandoned)\n"
+	"      fingerprint := c.fingerprint;\n"
 	"    END IF;\n"
 	"  END IF;\n"
 	"  state := 'won';\n"

@@ -22,6 +22,8 @@ back, and the proxy sees the connection die with the outcome unknown.
      exchange outliving the first lease, a second outage at its end   LONG
   H  the proxy stopped (SIGSTOP) past the statement timeout while its
      claim commits: the committed claim is read, not given up
+  I  an abandoned claim whose takeover of a lapsed record committed late:
+     the record keeps its fingerprint (another body gets 422)
 
 Executions are counted by the stub per Idempotency-Key. Every test is
 bounded (socket timeouts, deadlines) and a test that stops PostgreSQL
@@ -552,6 +554,59 @@ def test_f_phantom_claim(make_proxy, pg_db, stub):
     rec = row(pg_db, key)
     assert rec is not None and rec.state == "completed", rec
     assert rec.body == r.body
+
+
+# ------------------- I: an abandoned claim that took a lapsed record over
+
+def test_i_abandoned_takeover_keeps_the_fingerprint(make_proxy, pg_db, stub):
+    """(~12 s) A request executed, but its completion was never written
+    and its lease ran out (the test writes the record that way). A retry
+    takes the record over, and that takeover's commit sleeps 7 s, past the
+    5 s statement timeout: the retry gets 503 and its claim goes on
+    abandoned. The abandoned claim finds the takeover committed and gives
+    the key back - but the record was the executed request's: it must
+    stay, bound to its body, so that another body gets 422 (not an
+    execution) and a retry of the same body takes over at once."""
+    p = start(make_proxy, pg_db, "--response-cache", "0", name="i")
+    key = newkey("slowtake")
+    first = post(p.port, key)
+    assert first.status == 200, first
+    assert execs(stub, key) == 1
+    assert pg_db.psql(
+        "update idempotency_keys set state = 'in_flight', status = null, "
+        "headers = null, body = null, owner = 'gone', "
+        "lease_until = now() - interval '1 second' "
+        f"where scope = '' and key = '{key}'") == "", "record rewritten"
+    slow_commit(pg_db, "slowtake", 7, "UPDATE",
+                "NEW.state = 'in_flight' AND NEW.owner <> 'gone' AND "
+                "NEW.key LIKE 'slowtake-%'")
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(post, p.port, key, timeout=20)
+        wait_sleeper(pg_db, timeout=3)
+        retry = fut.result(timeout=25)
+    print(f"retry after {time.monotonic() - t0:.2f}s: {retry!r}")
+    assert retry.status in (200, 503), retry
+    # the takeover commits at ~7 s; the abandoned claim then finds it its
+    # own and gives the key back
+    wait_no_sleeper(pg_db, timeout=max(1.0, t0 + 12 - time.monotonic()))
+    deadline = time.monotonic() + 5
+    while True:
+        out = pg_db.psql("select owner, lease_until <= now() from "
+                         "idempotency_keys where scope = '' and "
+                         f"key = '{key}'")
+        if out == "" or (not out.startswith("gone|") and out.endswith("|t")):
+            break
+        assert time.monotonic() < deadline, f"the takeover stays: {out!r}"
+        time.sleep(0.1)
+    print(f"record after the abandoned claim: {out!r}")
+    assert out != "", "the executed request's record was deleted"
+    other = post(p.port, key, body=b'{"item":"pen","amount":1}')
+    assert_problem(other, 422, "idempotency-key-mismatch")
+    assert execs(stub, key) == (2 if retry.status == 200 else 1)
+    again = post(p.port, key)
+    assert again.status == 200 and not replayed(again), again
+    assert execs(stub, key) == (3 if retry.status == 200 else 2)
 
 
 # ----------------------------- H: stalled past the statement timeout (~8 s)

@@ -1046,6 +1046,45 @@ static void test_cancel(void)
 	event_base_free(b);
 }
 
+/*
+ * A takeover cancelled before it is reported: the record was another
+ * request's (its owner's lease ran out, maybe after it executed), so it
+ * stays, bound to its fingerprint; only the canceller's lease ends.
+ */
+static void test_cancel_takeover(void)
+{
+	struct event_base *b = event_base_new();
+	struct store *s = store_memory_new(BIG, fake_clock);
+	struct store_claim c = mkclaim("ct", 5, 1000, 60000);
+	struct store_claim other = mkclaim("ct", 6, 1000, 60000);
+	struct store_key k = mkkey("", "ct");
+	struct res r = { 0 }, x = { 0 }, w = { 0 };
+	struct store_op *op, *watch;
+
+	is_int(do_claim(s, b, &c, &r, "ct: claim"), STORE_WON, "claim WON");
+	advance(1000);		/* its owner never completes: lease over */
+	watch = store_watch(s, b, &k, on_result, &w);
+	ok(watch != NULL, "ct: a duplicate watches the lapsed record");
+	op = store_claim(s, b, &c, on_result, &x);
+	ok(op != NULL, "ct: takeover claim handle");
+	store_cancel(op);	/* before its WON is reported */
+	drain(b);
+	is_int(atomic_load(&x.calls), 0, "cancelled takeover: no callback");
+	is_int(atomic_load(&w.calls), 1,
+	       "the record's waiter is woken (it may take over now)");
+	is_int(store_memory_count(s), 1, "the taken-over record stays");
+	is_int(do_claim(s, b, &other, &r, "ct: another body"), STORE_MISMATCH,
+	       "another body still gets MISMATCH, not a win");
+	is_int(do_claim(s, b, &c, &r, "ct: a retry"), STORE_WON,
+	       "a retry of the same body takes over at once (lease ended)");
+
+	res_reset(&r);
+	res_reset(&x);
+	res_reset(&w);
+	store_free(s);
+	event_base_free(b);
+}
+
 /* ---- the byte cap ---- */
 
 static void test_cap(void)
@@ -1572,6 +1611,7 @@ int main(void)
 	test_threads();
 	test_mailbox();
 	test_cancel();
+	test_cancel_takeover();
 	test_cap();
 	test_flood();
 	test_doubling();
