@@ -307,46 +307,30 @@ const char *pg_stmt_name(enum pg_kind kind)
 }
 
 /*
- * A claim this store holds (won) but nobody will execute: delete it with
- * its owner token in the background, for as long as its lease could hold
- * the key.
+ * Claim c won but nobody will execute it: give the key back in the
+ * background, with c's owner token, for as long as its lease could hold
+ * the key. A row c inserted is deleted. A record c took over (or that an
+ * attempt of c before it wrote, maybe taking it over) was another
+ * request's, which may have executed: it stays, its fingerprint bound
+ * until it expires, and only its lease ends (an extension by 0 ms), so
+ * that a retry takes over at once and another body gets 422.
  */
-static void release_owned(struct pg_local *l, const struct store_key *k,
-			  const char *owner, uint64_t lease_ms)
+static void give_back(const struct pg_op *c)
 {
-	struct pg_op *o = pg_op_alloc(l, PG_RELEASE, k, NULL, NULL);
+	struct pg_op *o = pg_op_alloc(c->local, c->took_over ? PG_EXTEND :
+					PG_RELEASE, &c->key, NULL, NULL);
 
 	if (o == NULL) {
 		log_error("key %s: out of memory; an abandoned claim stays until "
-			  "its lease ends", k->key);
+			  "its lease ends", c->key.key);
 		return;
 	}
-	memcpy(o->owner, owner, sizeof(o->owner));
-	o->deadline_ms = clock_ms() + lease_ms;
-	pg_enqueue(o, false);
-}
-
-/*
- * A claim this store holds (won) but nobody will execute, on a record that
- * was not new: end its lease now (an extension by 0 ms), in the background,
- * keeping the record and its fingerprint. Goes on like an abandoned claim
- * until its deadline.
- */
-static void lapse_owned(struct pg_local *l, const struct store_key *k,
-			const char *owner, uint64_t lease_ms)
-{
-	struct pg_op *o = pg_op_alloc(l, PG_EXTEND, k, NULL, NULL);
-
-	if (o == NULL) {
-		log_error("key %s: out of memory; an abandoned claim stays until "
-			  "its lease ends", k->key);
-		return;
-	}
-	memcpy(o->owner, owner, sizeof(o->owner));
+	memcpy(o->owner, c->owner, sizeof(o->owner));
 	o->lease_ms = 0;
-	o->abandoned = true;	/* kept on retries (retry_op), dropped at
-				 * its deadline (pg_give_up) */
-	o->deadline_ms = clock_ms() + lease_ms;
+	/* a release is kept on retries for its kind, the extension as an
+	 * abandoned claim is (retry_op); both go at their deadline */
+	o->abandoned = c->took_over;
+	o->deadline_ms = clock_ms() + c->lease_ms;
 	pg_enqueue(o, false);
 }
 
@@ -449,20 +433,12 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 		else
 			snprintf(o->res.owner, sizeof(o->res.owner), "%s@%lld",
 				 o->owner, (long long)get_int8(r, 0, 6));
+		/* the function's fingerprint: NULL for a row it inserted */
+		o->took_over = !PQgetisnull(r, 0, 1);
 		if (o->cb == NULL) {
 			/* abandoned: nobody will execute it; give the key back
-			 * now rather than leave it stuck for a lease. A row
-			 * this statement inserted goes. One it (or the attempt
-			 * before it) took over was another request's, which
-			 * may have executed: its fingerprint stays bound until
-			 * it expires, and only its lease ends now, so that a
-			 * retry takes over at once and another body gets 422 */
-			if (PQgetisnull(r, 0, 1))
-				release_owned(o->local, &o->key, o->owner,
-					      o->lease_ms);
-			else
-				lapse_owned(o->local, &o->key, o->owner,
-					    o->lease_ms);
+			 * now rather than leave it stuck for a lease */
+			give_back(o);
 			pg_op_free(o);
 			return;
 		}
@@ -909,7 +885,7 @@ static void pg_cancel(struct store_op *op)
 		return;
 	case OP_DELIVERING:
 		if (o->kind == PG_CLAIM && o->res.status == STORE_WON)
-			release_owned(o->local, &o->key, o->owner, o->lease_ms);
+			give_back(o);
 		pg_op_free(o);	/* event_free drops the pending activation */
 		return;
 	case OP_NEW:

@@ -84,6 +84,7 @@ struct pg_op {
 	bool sent;			/* on the wire once: outcome may exist */
 	bool solo;			/* retry it alone (failed, or abandoned) */
 	bool abandoned;			/* a claim nobody waits for: abandon() */
+	bool took_over;			/* a claim's win was not a new row */
 	int changed;			/* claims: record changed under us */
 	int errors;			/* its own statement failed */
 	uint64_t deadline_ms;		/* monotonic: give up after this */
