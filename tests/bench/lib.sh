@@ -1,7 +1,7 @@
 # tests/bench/lib.sh - what the shell benchmarks share: stopping a process
 # they started, a free port, waiting for a server to listen, CPU time of
-# processes and of the machine, medians and round-by-round ratios. Sourced, not run; the script that sources it
-# defines die() and PYTHON.
+# processes and of the machine, medians and round-by-round ratios.
+# Sourced, not run; the script that sources it defines die() and PYTHON.
 
 # stop_pid PID: TERM, up to 5 s (STOP_WAIT tenths of a second), then KILL
 stop_pid() {

@@ -999,19 +999,30 @@ class Cluster:
                        stdin=subprocess.DEVNULL, timeout=timeout)
         self._log(f"pg_ctl stop -m immediate on {node.name}")
 
-    def terminate_backends(self, name, user, seconds):
-        """pg_terminate_backend() on every backend of `user` on one node,
-        again and again for `seconds`: transactions cut at every point,
-        commits among them. Returns how many were terminated."""
+    def _signal_backends(self, name, func, where, seconds):
+        """func (pg_terminate_backend or pg_cancel_backend) on every backend
+        of one node that matches `where`, again and again for `seconds`;
+        returns how many were signalled."""
         n = 0
         t_end = time.monotonic() + seconds
         while time.monotonic() < t_end:
-            out = self.psql(name, "select count(pg_terminate_backend(pid)) "
-                            f"from pg_stat_activity where usename = '{user}'",
-                            check=False)
+            out = self.psql(name, f"select count({func}(pid)) from "
+                            f"pg_stat_activity where {where}", check=False)
             n += int(out or 0)
-        self._log(f"terminated {n} backends of {user} on {name}")
+        self._log(f"{func}: {n} backends on {name} ({where})")
         return n
+
+    def terminate_backends(self, name, user, seconds):
+        """Every backend of `user` on one node terminated, for `seconds`:
+        transactions cut at every point, commits among them."""
+        return self._signal_backends(name, "pg_terminate_backend",
+                                     f"usename = '{user}'", seconds)
+
+    def cancel_sync_waits(self, name, seconds):
+        """Every wait for the synchronous standby on one node cancelled,
+        for `seconds`: those commits are then local only."""
+        return self._signal_backends(name, "pg_cancel_backend",
+                                     "wait_event = 'SyncRep'", seconds)
 
     def switchover(self, to=None, timeout=60.0):
         """Planned switchover from the current leader to `to` (default: the

@@ -67,13 +67,7 @@ def fault_kill_postgres(c, head):
 
 def fault_cancel_waits(c, head):
     leader = c.leader()
-    n = 0
-    t_end = time.monotonic() + 2.0
-    while time.monotonic() < t_end:
-        out = c.psql(leader, "select count(pg_cancel_backend(pid)) from "
-                     "pg_stat_activity where wait_event = 'SyncRep'",
-                     check=False)
-        n += int(out or 0)
+    n = c.cancel_sync_waits(leader, 2.0)
     c.kill_node(leader)
     c.wait_leader(exclude=leader)
     c.start_node(leader, wait=False)

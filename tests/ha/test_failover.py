@@ -205,13 +205,7 @@ def test_failovers_execute_each_key_once(cluster, tmp_path):
 
         # 4. cancelled synchronous waits, then the leader's host dies
         leader = cluster.leader()
-        cancels = 0
-        t_end = time.monotonic() + 2.0
-        while time.monotonic() < t_end:
-            out = cluster.psql(leader, "select count(pg_cancel_backend(pid)) "
-                               "from pg_stat_activity where wait_event = "
-                               "'SyncRep'", check=False)
-            cancels += int(out or 0)
+        cancels = cluster.cancel_sync_waits(leader, 2.0)
         print(f"sync waits cancelled on {leader}: {cancels}")
         cluster.kill_node(leader)
         cluster.wait_leader(exclude=leader)
