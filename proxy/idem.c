@@ -43,16 +43,26 @@
 
 /*
  * Completion/release writes and lease extensions that fail are retried
- * with a doubling back-off (first, cap) for as long as the lease lasts,
- * less a margin (the smaller of LEASE_MARGIN_MS and a tenth of the lease)
- * so that a write never races a takeover. The store itself holds each
+ * with a doubling back-off (first, cap). The store itself holds each
  * attempt until a connection is up (or its own deadline), so a retry is
  * not spent against a dead pool.
+ *
+ * An extension is retried for as long as the lease lasts, less a margin
+ * (the smaller of LEASE_MARGIN_MS and a tenth of the lease). So is a
+ * completion or release, with the guarantee that an outage shorter than
+ * the lease loses nothing; once the lease has run out it is "overdue" and
+ * still retried, until the record would expire, because every write is
+ * fenced by the owner token: it lands if nobody took the key over yet
+ * (and a duplicate then replays instead of executing again), and is a
+ * no-op if somebody did. OVERDUE_MAX bounds how many engines of one loop
+ * do that (each holds its response): a store that fails completions while
+ * it accepts claims must not grow the process without end.
  */
 #define SETTLE_BACKOFF_MS 100
 #define EXTEND_BACKOFF_MS 250
 #define RETRY_BACKOFF_MAX_MS 2000
 #define LEASE_MARGIN_MS 1000
+#define OVERDUE_MAX 1024
 
 enum idem_state {
 	IDEM_ST_CLAIM,		/* a claim is with the store */
@@ -73,7 +83,8 @@ enum idem_state {
 	X(OWNS         , "owns") \
 	X(RESP_HEAD    , "resp_head") \
 	X(CAP_OVERFLOW , "cap_overflow") \
-	X(FAILED       , "failed")
+	X(FAILED       , "failed") \
+	X(OVERDUE      , "overdue")
 
 enum {
 #define X(name, label) IDEM_BIT_##name,
@@ -231,6 +242,9 @@ static void idem_done(struct idem *ix)
 	if (if_has(ix, IF(OWNS)))
 		metrics_gauge_add(GAUGE_in_flight, -1);
 	if_clr(ix, IF(OWNS));
+	if (if_has(ix, IF(OVERDUE)))
+		env->noverdue--;
+	if_clr(ix, IF(OVERDUE));
 	evtimer_del(ix->timer);
 	ix->client = NULL;
 	ix->state = IDEM_ST_DONE;
@@ -506,10 +520,50 @@ static struct stored_response *problem_response(enum upstream_error err,
 }
 
 /*
+ * A settle write failed and the next attempt would land after the lease:
+ * may it go on, overdue? Until the record would expire (in flight, it
+ * lives max(ttl, lease) from its claim), within OVERDUE_MAX. The first
+ * time, the lease-backed guarantee is over: counted and logged as such.
+ */
+static bool overdue_allows(struct idem *ix, uint64_t wait)
+{
+	const struct store_claim *cl = &ix->req.claim;
+	uint64_t life = cl->ttl_ms > cl->lease_ms ? cl->ttl_ms : cl->lease_ms;
+	bool first = !if_has(ix, IF(OVERDUE));
+
+	if (first)
+		metrics_count(COUNTER_completion_failures_total);
+	if (clock_ms() + wait >= ix->claim_sent_ms + life) {
+		log_error("key %s: could not write the outcome before the %s; "
+			  "given up%s", cl->key.key,
+			  first ? "lease ran out" : "record expired",
+			  first ? ": the key stays in flight and may execute "
+				  "again" : "");
+		return false;
+	}
+	if (!first)
+		return true;
+	if (ix->env->noverdue >= OVERDUE_MAX) {
+		log_error("key %s: could not write the outcome before the lease "
+			  "ran out, and %d others are still being retried; given "
+			  "up: the key stays in flight and may execute again",
+			  cl->key.key, OVERDUE_MAX);
+		return false;
+	}
+	log_error("key %s: could not write the outcome before the lease ran "
+		  "out; still trying until the record expires (a retry that "
+		  "comes first takes the key over and may execute again)",
+		  cl->key.key);
+	if_set(ix, IF(OVERDUE));
+	ix->env->noverdue++;
+	return true;
+}
+
+/*
  * The completion or release answered. An error is retried with back-off
- * for as long as the lease lasts; the client connection is let go at the
- * first error (its next request does not wait for an outage), and the
- * engine finishes the write as an orphan.
+ * while the lease lasts, then overdue (overdue_allows()); the client
+ * connection is let go at the first error (its next request does not wait
+ * for an outage), and the engine finishes the write as an orphan.
  */
 static void on_settled(void *arg, const struct store_result *res)
 {
@@ -519,7 +573,11 @@ static void on_settled(void *arg, const struct store_result *res)
 	ix->op = NULL;
 	switch (res->status) {
 	case STORE_OK:
-		if (ix->attempts > 0)
+		if (if_has(ix, IF(OVERDUE)))
+			log_warn("key %s: outcome written after the lease ran "
+				 "out (%d failed attempts); nobody had taken the "
+				 "key over", ix->req.claim.key.key, ix->attempts);
+		else if (ix->attempts > 0)
 			log_info("key %s: outcome written after %d failed "
 				 "attempt(s)", ix->req.claim.key.key, ix->attempts);
 		break;
@@ -530,23 +588,17 @@ static void on_settled(void *arg, const struct store_result *res)
 		break;
 	default:
 		wait = backoff_ms(SETTLE_BACKOFF_MS, ++ix->attempts);
-		if (lease_allows(ix, wait)) {
+		if (lease_allows(ix, wait) || overdue_allows(ix, wait)) {
 			metrics_count(COUNTER_completion_retries_total);
 			if (ix->attempts == 1)
 				log_warn("key %s: could not write the outcome (%s); "
-					 "retrying while the lease lasts",
-					 ix->req.claim.key.key,
+					 "retrying", ix->req.claim.key.key,
 					 store_status_name(res->status));
 			settled(ix);
 			let_go(ix);
 			arm_timer(ix, wait);
 			return;
 		}
-		metrics_count(COUNTER_completion_failures_total);
-		log_error("key %s: could not write the outcome (%s) before the "
-			  "lease ran out; the key stays in flight until then and "
-			  "may execute again", ix->req.claim.key.key,
-			  store_status_name(res->status));
 		break;
 	}
 	settled(ix);

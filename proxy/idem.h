@@ -36,6 +36,7 @@ struct idem_env {
 	 * (forwarding or writing the outcome); the worker drains them */
 	struct idem_list orphans;
 	int norphans;
+	int noverdue;		/* of them: writing an outcome past the lease */
 	void (*orphans_changed)(void *arg);
 	void *orphans_arg;
 	/* engines that ended, freed by the next loop turn (idem.c) */

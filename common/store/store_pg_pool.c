@@ -214,6 +214,39 @@ void pg_enqueue(struct pg_op *o, bool head)
 	event_active(l->kick, EV_TIMEOUT, 1);
 }
 
+/* An owner's outcome: what settles a key someone may be waiting for. */
+static bool settles(const struct pg_op *o)
+{
+	return o->kind == PG_COMPLETE || o->kind == PG_RELEASE;
+}
+
+/*
+ * Put settling operation o behind the others at the head of the queue,
+ * ahead of claims and the rest. After an outage the queue holds both
+ * the completions of requests executed before it and claims of their
+ * retries: a completion that goes first makes the retry a replay, while
+ * a claim that goes first, once the lease ran out, takes the key over
+ * and executes it again (and fences the completion off).
+ */
+static void enqueue_settling(struct pg_op *o)
+{
+	struct pg_local *l = o->local;
+	struct pg_op *after = NULL, *x;
+
+	TAILQ_FOREACH(x, &l->queue, link) {
+		if (!settles(x))
+			break;
+		after = x;
+	}
+	if (after == NULL) {
+		pg_enqueue(o, true);
+		return;
+	}
+	pg_enqueue(o, false);			/* arms it; then moved */
+	TAILQ_REMOVE(&l->queue, o, link);
+	TAILQ_INSERT_AFTER(&l->queue, after, o, link);
+}
+
 /* Submit a new operation. A fresh claim with no connection up or coming
  * up fails at once: nothing was sent, so "not claimed" is exact. */
 struct store_op *pg_op_submit(struct pg_op *o)
@@ -223,7 +256,10 @@ struct store_op *pg_op_submit(struct pg_op *o)
 		pg_op_finish(o, STORE_ERROR);
 		return &o->op;
 	}
-	pg_enqueue(o, false);
+	if (settles(o))
+		enqueue_settling(o);
+	else
+		pg_enqueue(o, false);
 	return &o->op;
 }
 

@@ -618,6 +618,117 @@ def test_a_batch_waiting_for_a_lock_holds_up_no_other_key(make_proxy, pg_db,
     assert stub.stats()["keys"].get(stuck_key) == 1
 
 
+@pytest.mark.parametrize("outage", ["stop", "pause"])
+def test_outage_past_the_lease_still_completes(make_proxy, pg_db, pg_server,
+                                               stub, outage):
+    """PostgreSQL goes away (stopped, or every process SIGSTOPped) while the
+    winner's request is at the upstream, and comes back 7 s later: past the
+    3 s lease and past the 5 s a store operation waits for a connection.
+    The client gets its response at once; the completion is retried past
+    the lease (fenced by the owner token) and lands once PostgreSQL is
+    back, so the duplicate that comes next replays instead of taking the
+    lapsed key over and executing a second time."""
+    p = start_pg_proxy(make_proxy, pg_db, "--lease", "3s",
+                       "--upstream-timeout", "2s", workers=1, name="a")
+    key = newkey("overdue")
+    target = "/orders?delay_ms=1000"
+    c = RawConn(p.port, timeout=10)
+    c.send(kreq("POST", target, key, ORDER))
+    deadline = time.monotonic() + 2.0
+    while executions(stub) < 1:
+        assert time.monotonic() < deadline, "the request never arrived"
+        time.sleep(0.01)
+    try:
+        if outage == "stop":
+            pg_server.stop("fast")
+        else:
+            pg_server.pause()
+        first = c.read_response()   # at once, not after the outage
+        c.close()
+        assert first.status == 200 and not replayed(first)
+        time.sleep(7.0)
+    finally:
+        if outage == "stop":
+            pg_server.start()
+        else:
+            pg_server.resume()
+    deadline = time.monotonic() + RECOVERY_S + 5.0
+    while pg_db.count("state = 'completed'") == 0:
+        assert time.monotonic() < deadline, \
+            "never completed:\n" + p.log()[-3000:]
+        time.sleep(0.1)
+    r = post(p.port, key, target)
+    assert replayed(r) and r.body == first.body, r
+    assert executions(stub) == 1
+    assert "outcome written after the lease ran out" in p.log() or \
+        outage == "pause"   # a paused server may commit the first attempt
+
+
+FAIL_COMPLETIONS = """
+create function idem_test_refuse() returns trigger language plpgsql as $$
+begin
+  if new.state = 'completed' then
+    raise exception 'idemproxy test: completions refused';
+  end if;
+  return new;
+end $$;
+create trigger idem_test_refuse before update on idempotency_keys
+  for each row execute function idem_test_refuse();
+"""
+
+
+def test_overdue_completions_are_bounded(make_proxy, pg_db, stub):
+    """A store that takes claims but refuses every completion (here a
+    trigger): each completion is retried past the lease, but at most 1,024
+    per worker, so such a store cannot grow the process without end. Once
+    completions are taken again, those 1,024 land and replay; the keys
+    over the bound stay in flight. Every one of them counts as a
+    completion failure when its lease runs out."""
+    n = 1040
+    p = start_pg_proxy(make_proxy, pg_db, "--lease", "1s",
+                       "--upstream-timeout", "800ms", "--ttl", "120s",
+                       workers=1, name="a")
+    pg_db.psql(FAIL_COMPLETIONS)
+    keys = [newkey(f"refused{i}") for i in range(n)]
+
+    def send(part):
+        out = []
+        with RawConn(p.port, timeout=30) as c:
+            for k in part:
+                c.send(kreq("POST", "/orders", k, ORDER))
+                out.append(c.read_response().status)
+        return out
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        statuses = [st for part in ex.map(send, [keys[i::8] for i in range(8)])
+                    for st in part]
+    assert statuses == [200] * n        # the clients never wait for it
+    assert executions(stub) == n
+    deadline = time.monotonic() + 30
+    while (metric_value(p.metrics(), "idemproxy_completion_failures_total")
+           or 0) < n:
+        assert time.monotonic() < deadline, \
+            metric_value(p.metrics(), "idemproxy_completion_failures_total")
+        time.sleep(0.2)
+    given_up = p.log().count("1024 others are still being retried; "
+                             "given up")
+    assert given_up == n - 1024, given_up
+    pg_db.psql("drop trigger idem_test_refuse on idempotency_keys")
+    deadline = time.monotonic() + 30
+    while pg_db.count("state = 'completed'") < 1024:
+        assert time.monotonic() < deadline, pg_db.count("state = 'completed'")
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert pg_db.count("state = 'completed'") == 1024
+    assert pg_db.count("state = 'in_flight'") == n - 1024
+    assert p.log().count("outcome written after the lease ran out") == 1024
+    done = pg_db.psql("select key from idempotency_keys "
+                      "where state = 'completed' limit 1")
+    r = post(p.port, done)
+    assert replayed(r), r
+    assert executions(stub) == n
+
+
 def test_pg_crash_under_load_recovers(make_proxy, pg_db, pg_server, stub):
     """An immediate stop (a crash: connections reset, crash recovery at
     start): the proxy survives and recovers, no duplicate execution of a

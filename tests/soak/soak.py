@@ -39,7 +39,9 @@ of the checker; the run then exits 0 only if it did).
 Reproducing a run: the seed fixes the fault schedule, the client
 operations, keys and behaviours; the interleaving is the machine's.
 --faults narrows the cycle to some kinds (kill, stop, pg-immediate,
-pg-fast, pg-terminate, redis-kill, redis-flush, pg-long). A finding that
+pg-fast, pg-terminate, redis-kill, redis-flush, pg-long, pg-pause: every
+PostgreSQL process SIGSTOPped for 6 s, redis-pause: Redis SIGSTOPped for
+3 s). A finding that
 depends on timing gets a deterministic reproduction of its own
 (stall_repro.py).
 """
@@ -443,7 +445,10 @@ class Client(threading.Thread):
 # ---------------------------------------------------------------- faults
 
 FAULT_CYCLE = ("kill", "stop", "pg-immediate", "pg-fast", "pg-terminate",
-               "redis-kill", "redis-flush", "pg-long")
+               "redis-kill", "redis-flush", "pg-long", "pg-pause",
+               "redis-pause")
+PG_PAUSE_S = 6.0        # past a request's 5 s store deadline and the lease
+REDIS_PAUSE_S = 3.0
 
 
 def schedule(duration, n_instances, rng, kinds=FAULT_CYCLE):
@@ -533,6 +538,14 @@ class Faults(threading.Thread):
             self.redis.start()
         elif kind == "redis-flush":
             self.redis.cmd("FLUSHALL")
+        elif kind in ("pg-pause", "redis-pause"):
+            server = self.pg if kind == "pg-pause" else self.redis
+            server.pause()
+            try:
+                time.sleep(PG_PAUSE_S if kind == "pg-pause" else
+                           REDIS_PAUSE_S)
+            finally:
+                server.resume()
         self.note(kind, name, t, time.time())
 
 

@@ -32,6 +32,7 @@ class PgServer:
         self.log_path = os.path.join(self.base, "pg.log")
         self.port = free_port()
         self.as_pg = []
+        self.paused = []        # pids SIGSTOPped by pause()
         os.makedirs(self.data)
         os.makedirs(self.sock)
         if os.geteuid() == 0:
@@ -107,6 +108,44 @@ class PgServer:
     def crash(self):
         self.stop("immediate")
 
+    def _cluster_pids(self):
+        """The postmaster, then every process it forked (backends,
+        checkpointer, walwriter, ...), read from /proc."""
+        pm = self.postmaster_pid()
+        if pm is None:
+            return []
+        pids = [pm]
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pm:
+                pids.append(int(d))
+        return pids
+
+    def pause(self):
+        """SIGSTOP to the postmaster first (it forks no more), then to
+        every child: connections stay open and nothing answers, not even
+        the server's own statement_timeout (a frozen host or VM)."""
+        self.paused = self._cluster_pids()
+        for pid in self.paused:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+
+    def resume(self):
+        for pid in reversed(self.paused):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.paused = []
+
     def ensure_running(self):
         if not self.running():
             self.start()
@@ -126,6 +165,7 @@ class PgServer:
         return f"postgres://postgres@127.0.0.1:{self.port}/{db}"
 
     def shutdown(self):
+        self.resume()       # a stopped child would outlive the postmaster
         try:
             if self.running():
                 self._pg_ctl("-w", "-t", "30", "-m", "immediate", "stop",
