@@ -4,8 +4,11 @@
  *   idem_start ──▶ IDEM_ST_CLAIM ──WON──▶ (require_issued_key: IDEM_ST_CHECK
  *                    │ ▲    │              marker found ─┐  not issued:
  *                    │ │    │                            │  IDEM_ST_UNDO, 400)
- *        IN_FLIGHT   │ │    │ COMPLETED: replay          ▼
- *        (wait mode) ▼ │    │ MISMATCH: 422        IDEM_ST_FORWARD
+ *        IN_FLIGHT   │ │    │ COMPLETED: replay          ▼   won as the lease
+ *        (wait mode) ▼ │    │ MISMATCH: 422        (IDEM_ST_CONFIRM: ran out: extend;
+ *                    │ │    │                       fenced: claim again)
+ *                    │ │    │                            ▼
+ *                    │ │    │                      IDEM_ST_FORWARD
  *                IDEM_ST_WAIT  IN_FLIGHT (reject,        │ response done
  *                 settled:     or wait_timeout): 409     │ or failed
  *                 claim again  store down: 503 or        ▼
@@ -18,7 +21,8 @@
  * memory store's lock); the engine never checks then inserts. A winner's
  * completion and release carry its owner token, so a stale winner whose
  * lease was taken over cannot overwrite the new owner's record. While
- * forwarding, the winner extends its lease every half lease.
+ * forwarding, the winner extends its lease at half of what is left of it;
+ * it never forwards on a lease that ran out before it heard it won.
  *
  * Ownership: the engine owns its store handles, its timer, its upstream
  * handle and the captured response. The client is a borrowed pointer,
@@ -63,6 +67,9 @@
 #define RETRY_BACKOFF_MAX_MS 2000
 #define LEASE_MARGIN_MS 1000
 #define OVERDUE_MAX 1024
+/* A win heard of as its lease ran out is extended before the request is
+ * sent, at most this many times (forward_owned()). */
+#define CONFIRM_MAX 2
 
 enum idem_state {
 	IDEM_ST_CLAIM,		/* a claim is with the store */
@@ -72,6 +79,7 @@ enum idem_state {
 	IDEM_ST_PASS,		/* no key: forward unprotected next turn */
 	IDEM_ST_CHECK,		/* won: is the key one this proxy issued? */
 	IDEM_ST_UNDO,		/* not issued: give the claims back, answer */
+	IDEM_ST_CONFIRM,	/* won as the lease ran out: extend, then go */
 	IDEM_ST_DONE,		/* over: on env->done, freed next loop turn */
 };
 
@@ -111,6 +119,7 @@ struct idem {
 	char owner[STORE_HANDLE_MAX + 1];
 	char marker_owner[STORE_HANDLE_MAX + 1];	/* a marker we created */
 	int attempts;			/* failed settle writes */
+	int confirms;			/* extensions of a late win */
 	int ext_failures;		/* failed extensions in a row */
 	uint64_t claim_sent_ms;		/* monotonic: the last claim call */
 	uint64_t ext_sent_ms;		/* monotonic: the extension on the wire */
@@ -184,6 +193,15 @@ static bool lease_allows(const struct idem *ix, uint64_t ms)
 	if (margin > LEASE_MARGIN_MS)
 		margin = LEASE_MARGIN_MS;
 	return clock_ms() + ms + margin < ix->lease_end_ms;
+}
+
+/* When the next extension is due: half of what is left of the lease (half
+ * a lease after a prompt claim or extension; sooner after a slow one). */
+static uint64_t half_lease_left(const struct idem *ix)
+{
+	uint64_t now = clock_ms();
+
+	return ix->lease_end_ms > now ? (ix->lease_end_ms - now) / 2 : 0;
 }
 
 static void arm_timer(struct idem *ix, uint64_t ms)
@@ -279,7 +297,8 @@ static void let_go(struct idem *ix)
 {
 	ix->client = NULL;
 	if (ix->state != IDEM_ST_FORWARD && ix->state != IDEM_ST_SETTLE &&
-	    ix->state != IDEM_ST_CHECK && ix->state != IDEM_ST_UNDO) {
+	    ix->state != IDEM_ST_CHECK && ix->state != IDEM_ST_UNDO &&
+	    ix->state != IDEM_ST_CONFIRM) {
 		idem_done(ix);
 		return;
 	}
@@ -433,7 +452,7 @@ static const struct upstream_cbs up_cbs = {
 
 /*
  * An extension answered. OK: the lease runs from when it was sent, next
- * one at half a lease. An error is retried soon (not half a lease later,
+ * one at half of what is left of it. An error is retried soon (not half a lease later,
  * which is about when the lease runs out), while the lease lasts.
  */
 static void on_extended(void *arg, const struct store_result *res)
@@ -447,7 +466,7 @@ static void on_extended(void *arg, const struct store_result *res)
 		ix->ext_failures = 0;
 		ix->lease_end_ms = ix->ext_sent_ms + ix->req.claim.lease_ms;
 		if (ix->state == IDEM_ST_FORWARD)
-			arm_timer(ix, ix->req.claim.lease_ms / 2);
+			arm_timer(ix, half_lease_left(ix));
 		return;
 	case STORE_FENCED:
 		log_warn("key %s: lease lost while executing (taken over, or "
@@ -469,6 +488,11 @@ static void on_extended(void *arg, const struct store_result *res)
 }
 
 static bool send_request(struct idem *ix);
+static void forward_owned(struct idem *ix);
+static void on_confirmed(void *arg, const struct store_result *res);
+static void refuse_winner(struct idem *ix, enum problem p, const char *detail,
+			  enum outcome o);
+static void claim(struct idem *ix);
 
 /* Forward the buffered request: as the key's owner, or unprotected. */
 static void forward(struct idem *ix, enum outcome o)
@@ -481,7 +505,7 @@ static void forward(struct idem *ix, enum outcome o)
 		return;
 	}
 	if (if_has(ix, IF(OWNS)))
-		arm_timer(ix, ix->req.claim.lease_ms / 2);
+		arm_timer(ix, half_lease_left(ix));
 }
 
 /* Send the buffered request, once, on a pooled or new connection. */
@@ -669,6 +693,77 @@ static void on_watch(void *arg, const struct store_result *res)
 	claim(ix);	/* the wait timer keeps running across re-claims */
 }
 
+/*
+ * Forward as the key's owner - unless the lease is over, or nearly, by our
+ * own count (from when the claim was sent): a claim whose commit was slow
+ * (a lock, a stalled or paused server) can win a lease that ended before
+ * we heard of it, and another claim may have taken the key over since
+ * and be executing it. Then the key is made sure of first (confirm()).
+ */
+static void forward_owned(struct idem *ix)
+{
+	if (lease_allows(ix, 0)) {
+		forward(ix, OUTCOME_FORWARDED);
+		return;
+	}
+	if (ix->confirms >= CONFIRM_MAX) {
+		refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE, "the idempotency "
+			      "store answers too slowly to hold a lease",
+			      OUTCOME_STORE_UNAVAILABLE);
+		return;
+	}
+	log_warn("key %s: won after the lease ran out (the claim took %llu ms); "
+		 "extending it before the request is sent", ix->req.claim.key.key,
+		 (unsigned long long)(clock_ms() - ix->claim_sent_ms));
+	ix->confirms++;
+	ix->state = IDEM_ST_CONFIRM;
+	ix->ext_sent_ms = clock_ms();
+	ix->op = store_extend(ix->env->store, ix->env->base, &ix->req.claim.key,
+			      ix->owner, ix->req.claim.lease_ms, on_confirmed, ix);
+	if (ix->op == NULL)
+		refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE, NULL,
+			      OUTCOME_STORE_UNAVAILABLE);
+}
+
+/*
+ * The extension of a late win answered. OK: the key is still ours, and
+ * the lease runs from when the extension was sent. Fenced: another claim
+ * took it over (and may be executing it): this request is a duplicate
+ * again, and claims anew (with what is left of its wait). An error: the
+ * key is given back and the client gets 503.
+ */
+static void on_confirmed(void *arg, const struct store_result *res)
+{
+	struct idem *ix = arg;
+	uint64_t spent;
+
+	ix->op = NULL;
+	switch (res->status) {
+	case STORE_OK:
+		ix->lease_end_ms = ix->ext_sent_ms + ix->req.claim.lease_ms;
+		forward_owned(ix);
+		return;
+	case STORE_FENCED:
+		log_warn("key %s: taken over while its late win was confirmed; "
+			 "claiming again", ix->req.claim.key.key);
+		if_clr(ix, IF(OWNS));
+		metrics_gauge_add(GAUGE_in_flight, -1);
+		ix->owner[0] = '\0';
+		if (if_has(ix, IF(WAITED))) {
+			spent = clock_ms() - ix->wait_start_ms;
+			arm_timer(ix, spent < ix->req.policy->wait_timeout_ms ?
+				  ix->req.policy->wait_timeout_ms - spent : 0);
+		}
+		claim(ix);
+		return;
+	default:
+		refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE,
+			      "the idempotency store cannot be reached",
+			      OUTCOME_STORE_UNAVAILABLE);
+		return;
+	}
+}
+
 /* The claim on the marker of an issued key (issue.c). */
 static void marker(const struct idem *ix, struct store_claim *m)
 {
@@ -730,7 +825,7 @@ static void on_marker(void *arg, const struct store_result *res)
 	switch (res->status) {
 	case STORE_IN_FLIGHT:
 		/* the marker lives: the key was issued here and is unexpired */
-		forward(ix, OUTCOME_FORWARDED);
+		forward_owned(ix);
 		return;
 	case STORE_WON:
 		/* no marker: never issued, or expired; ours now, undo it */
@@ -787,7 +882,7 @@ static void on_claim(void *arg, const struct store_result *res)
 			check_issued(ix);
 			return;
 		}
-		forward(ix, OUTCOME_FORWARDED);
+		forward_owned(ix);
 		return;
 	case STORE_COMPLETED:
 		observe_wait(ix);
@@ -887,6 +982,7 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		return;
 	case IDEM_ST_CHECK:
 	case IDEM_ST_UNDO:
+	case IDEM_ST_CONFIRM:
 	case IDEM_ST_DONE:
 		return;
 	}

@@ -24,6 +24,8 @@ back, and the proxy sees the connection die with the outcome unknown.
      claim commits: the committed claim is read, not given up
   I  an abandoned claim whose takeover of a lapsed record committed late:
      the record keeps its fingerprint (another body gets 422)
+  J  a claim whose commit took longer than the lease: won, but the lease
+     it won has already run out, and a duplicate took the key over
 
 Executions are counted by the stub per Idempotency-Key. Every test is
 bounded (socket timeouts, deadlines) and a test that stops PostgreSQL
@@ -607,6 +609,51 @@ def test_i_abandoned_takeover_keeps_the_fingerprint(make_proxy, pg_db, stub):
     again = post(p.port, key)
     assert again.status == 200 and not replayed(again), again
     assert execs(stub, key) == (3 if retry.status == 200 else 2)
+
+
+# ------------------------------- J: won after the lease ran out (~6 s)
+
+@pytest.mark.parametrize("race", ["extension-first", "takeover-first"])
+def test_j_claim_won_after_its_lease(make_proxy, pg_db, stub, race):
+    """(~6 s) A's claim inserts the record, with a lease of 2 s counted
+    from when its transaction began, and its commit then sleeps 2.6 s: the
+    lease has run out when A hears it won. B's claim of the same body
+    begins after that lease's end, waits for A's commit and finds the
+    record lapsed. Only one of them may execute. A must not forward on a
+    lease it knows is over: it extends it first (fenced by its owner
+    token). extension-first: A's extension lands before B's takeover, and
+    B waits for A. takeover-first: A is stopped (SIGSTOP) until B took the
+    key over; A's extension is fenced, and A claims again and waits for
+    B's outcome like any duplicate."""
+    lease = ("--lease", "2s", "--upstream-timeout", "1500ms")
+    a = start(make_proxy, pg_db, *lease, name="a")
+    b = start(make_proxy, pg_db, *lease, name="b")
+    slow_claims(pg_db, 2.6)
+    key = newkey("slowclaim")
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(2) as ex:
+        fa = ex.submit(post, a.port, key)
+        wait_sleeper(pg_db, timeout=3)
+        sleep_until(t0 + 2.2)            # past the end of A's lease
+        if race == "takeover-first":
+            os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            fb = ex.submit(post, b.port, key)
+            if race == "takeover-first":
+                wait_row(pg_db, key, "completed", timeout=5)
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+        ra, rb = fa.result(timeout=20), fb.result(timeout=20)
+    print(f"A: {ra!r}\nB: {rb!r}")
+    assert execs(stub, key) == 1
+    assert ra.status == 200 and rb.status == 200, (ra, rb)
+    assert replayed(ra) != replayed(rb), "one execution, one replay"
+    assert ra.body == rb.body
+    if race == "takeover-first":
+        assert replayed(ra), "A executed on a lease taken over"
+        assert "taken over while its late win was confirmed" in a.log()
+    r = wait_row(pg_db, key, "completed", timeout=5)
+    assert r is not None and r.state == "completed", r
 
 
 # ----------------------------- H: stalled past the statement timeout (~8 s)

@@ -706,6 +706,10 @@ def run(args):
         if redis is not None:
             redis.shutdown()
         if pg is not None:
+            try:        # kept with the history (a failing run's evidence)
+                shutil.copy(pg.log_path, os.path.join(workdir, "pg.log"))
+            except OSError:
+                pass
             pg.shutdown()
 
     h = check.load(workdir)
