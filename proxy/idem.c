@@ -698,7 +698,7 @@ static void on_watch(void *arg, const struct store_result *res)
  * own count (from when the claim was sent): a claim whose commit was slow
  * (a lock, a stalled or paused server) can win a lease that ended before
  * we heard of it, and another claim may have taken the key over since
- * and be executing it. Then the key is made sure of first (confirm()).
+ * and be executing it. Then the lease is extended first (on_confirmed()).
  */
 static void forward_owned(struct idem *ix)
 {
@@ -712,8 +712,9 @@ static void forward_owned(struct idem *ix)
 			      OUTCOME_STORE_UNAVAILABLE);
 		return;
 	}
-	log_warn("key %s: won after the lease ran out (the claim took %llu ms); "
-		 "extending it before the request is sent", ix->req.claim.key.key,
+	log_warn("key %s: won, but the lease ran out (%llu ms after the claim "
+		 "was sent); extending it before the request is sent",
+		 ix->req.claim.key.key,
 		 (unsigned long long)(clock_ms() - ix->claim_sent_ms));
 	ix->confirms++;
 	ix->state = IDEM_ST_CONFIRM;
