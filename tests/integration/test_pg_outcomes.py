@@ -611,12 +611,12 @@ def test_i_abandoned_takeover_keeps_the_fingerprint(make_proxy, pg_db, stub):
     assert execs(stub, key) == (3 if retry.status == 200 else 2)
 
 
-# ------------------------------- J: won after the lease ran out (~6 s)
+# ------------------------------- J: won after the lease ran out (~7 s)
 
 @pytest.mark.parametrize("race", ["extension-first", "takeover-first"])
 def test_j_claim_won_after_its_lease(make_proxy, pg_db, stub, race):
-    """(~6 s) A's claim inserts the record, with a lease of 2 s counted
-    from when its transaction began, and its commit then sleeps 2.6 s: the
+    """(~7 s) A's claim inserts the record, with a lease of 2 s counted
+    from when its transaction began, and its commit then sleeps 3 s: the
     lease has run out when A hears it won. B's claim of the same body
     begins after that lease's end, waits for A's commit and finds the
     record lapsed. Only one of them may execute. A must not forward on a
@@ -628,13 +628,16 @@ def test_j_claim_won_after_its_lease(make_proxy, pg_db, stub, race):
     lease = ("--lease", "2s", "--upstream-timeout", "1500ms")
     a = start(make_proxy, pg_db, *lease, name="a")
     b = start(make_proxy, pg_db, *lease, name="b")
-    slow_claims(pg_db, 2.6)
+    slow_claims(pg_db, 3.0)
     key = newkey("slowclaim")
-    t0 = time.monotonic()
     with cf.ThreadPoolExecutor(2) as ex:
         fa = ex.submit(post, a.port, key)
-        wait_sleeper(pg_db, timeout=3)
-        sleep_until(t0 + 2.2)            # past the end of A's lease
+        pid = wait_sleeper(pg_db, timeout=3)
+        began = float(pg_db.psql("select extract(epoch from xact_start) "
+                                 f"from pg_stat_activity where pid = {pid}"))
+        # past the end of A's lease (2 s from when its transaction began),
+        # before its commit ends (3 s)
+        time.sleep(max(0.0, began + 2.3 - time.time()))
         if race == "takeover-first":
             os.kill(a.proc.pid, signal.SIGSTOP)
         try:
