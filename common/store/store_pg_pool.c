@@ -194,24 +194,30 @@ static void kick_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /*
- * Put o on the queue (at the head for a retry, keeping its turn) with its
+ * Put o on the queue right after `after` (NULL: at the head) with its
  * deadline armed; idle connections take it at the end of the turn.
  */
-void pg_enqueue(struct pg_op *o, bool head)
+static void enqueue_after(struct pg_op *o, struct pg_op *after)
 {
 	struct pg_local *l = o->local;
 	uint64_t now = clock_ms();
 	struct timeval tv = clock_tv(o->deadline_ms > now ? o->deadline_ms - now : 0);
 
 	o->where = OP_QUEUED;
-	if (head)
+	if (after == NULL)
 		TAILQ_INSERT_HEAD(&l->queue, o, link);
 	else
-		TAILQ_INSERT_TAIL(&l->queue, o, link);
+		TAILQ_INSERT_AFTER(&l->queue, after, o, link);
 	event_add(o->ev, &tv);
 	if (!pg_may_serve(l))
 		hasten(l);
 	event_active(l->kick, EV_TIMEOUT, 1);
+}
+
+/* At the head for a retry (keeping its turn), else at the tail. */
+void pg_enqueue(struct pg_op *o, bool head)
+{
+	enqueue_after(o, head ? NULL : TAILQ_LAST(&o->local->queue, pg_ops));
 }
 
 /* An owner's outcome: what settles a key someone may be waiting for. */
@@ -230,21 +236,14 @@ static bool settles(const struct pg_op *o)
  */
 static void enqueue_settling(struct pg_op *o)
 {
-	struct pg_local *l = o->local;
 	struct pg_op *after = NULL, *x;
 
-	TAILQ_FOREACH(x, &l->queue, link) {
+	TAILQ_FOREACH(x, &o->local->queue, link) {
 		if (!settles(x))
 			break;
 		after = x;
 	}
-	if (after == NULL) {
-		pg_enqueue(o, true);
-		return;
-	}
-	pg_enqueue(o, false);			/* arms it; then moved */
-	TAILQ_REMOVE(&l->queue, o, link);
-	TAILQ_INSERT_AFTER(&l->queue, after, o, link);
+	enqueue_after(o, after);
 }
 
 /* Submit a new operation. A fresh claim with no connection up or coming
