@@ -157,14 +157,39 @@ const char store_pg_claim_sql[] =
 	" WHERE NOT EXISTS (SELECT 1 FROM hit)";
 
 /*
+ * A column that makes an owner's statement (complete, release, extend)
+ * and a purge write WAL even when it found no row, so that its commit
+ * waits for a synchronous standby like any other. Only such a commit
+ * vouches for an answer:
+ *   - "not ours" from a server that lost its role without knowing it (a
+ *     primary whose Patroni died, after its standby was promoted) - it
+ *     accepts writes, but there a writing commit waits for a standby
+ *     that is gone, while a transaction that wrote nothing commits at
+ *     once and reports a row missing that the real primary holds: the key
+ *     would stay in flight there until a retry executed it again;
+ *   - "done" from a re-send that finds nothing after an attempt whose
+ *     commit was not acknowledged (that attempt deleted the row): its own
+ *     acknowledged commit, later in the WAL, confirms the earlier one.
+ * An id alone (txid_current()) is not enough: PostgreSQL waits for the
+ * standby only when the transaction wrote WAL before its commit record.
+ * A transactional logical message of prefix "idemproxy" and no content
+ * is the smallest such write; it needs no table and no privilege, and a
+ * logical decoding consumer may ignore it by its prefix. When the
+ * statement wrote a row it is not emitted.
+ */
+#define WRITES_ANYWAY(cte) \
+	"CASE WHEN NOT EXISTS (SELECT 1 FROM " cte ")\n" \
+	"     THEN pg_logical_emit_message(true, 'idemproxy', '') END"
+
+/*
  * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
- * stored), $7 ttl ms, $8 the claim's part hint. One row ('completed', and
- * whether a waiter marked the record: then the waiters are woken after the
- * commit, store_pg_wake_sql) when this owner holds the key: in flight (the
+ * stored), $7 ttl ms, $8 the claim's part hint. One row: 'completed', and
+ * whether a waiter marked the record (then the waiters are woken after the
+ * commit, store_pg_wake_sql), when this owner holds the key: in flight (the
  * response is stored) or completed already (a re-sent completion whose
- * first attempt committed: the row is written again, unchanged); no row
+ * first attempt committed: the row is written again, unchanged); NULLs
  * when fenced. A completed row keeps its owner, which is what makes the
- * re-send recognisable.
+ * re-send recognisable. Fenced writes all the same (WRITES_ANYWAY).
  *
  * watched is read as the row is written: a waiter's claim marks the row
  * with an UPDATE too, so the row lock orders the two. A mark committed
@@ -197,7 +222,8 @@ const char store_pg_complete_sql[] =
 	"   WHERE scope = $1 AND key = $2 AND owner = $3\n"
 	"     AND state IN ('in_flight', 'completed') AND " PART_SINCE("$8") "\n"
 	"  RETURNING watched)\n"
-	"SELECT 'completed'::text, watched IS TRUE FROM u";
+	"SELECT (SELECT 'completed'::text FROM u), (SELECT watched IS TRUE FROM u),\n"
+	"       " WRITES_ANYWAY("u");
 
 /*
  * $1 text[]: "<scope>:<key>" of each completion of a batch that a waiter
@@ -214,10 +240,8 @@ const char store_pg_wake_sql[] =
 
 /*
  * $1 scope, $2 key, $3 owner, $4 part hint. One row: 'released', or NULL
- * when the record was not ours in flight.
- * txid_current() gives the transaction an id, so its commit is written and
- * waits for a synchronous standby even when nothing was deleted: a re-send
- * after an unacknowledged commit (which did delete) then confirms that one.
+ * when the record was not ours in flight; the transaction writes either
+ * way (WRITES_ANYWAY).
  */
 static const char release_sql[] =
 	"WITH d AS (\n"
@@ -227,19 +251,24 @@ static const char release_sql[] =
 	"  RETURNING 1)\n"
 	"SELECT (SELECT 'released'::text\n"
 	"          FROM d, pg_notify('idemproxy', $1 || ':' || $2)),\n"
-	"       txid_current()";
+	"       " WRITES_ANYWAY("d");
 
-/* $1 scope, $2 key, $3 owner, $4 lease ms, $5 part hint. */
+/* $1 scope, $2 key, $3 owner, $4 lease ms, $5 part hint. One row:
+ * 'extended', or NULL when the record was not ours in flight; the
+ * transaction writes either way (WRITES_ANYWAY). */
 static const char extend_sql[] =
-	"UPDATE idempotency_keys\n"
-	"   SET lease_until = now() + $4 * interval '1 millisecond',\n"
-	"       part_at = CASE WHEN part_at > '-infinity'\n"
-	"                 THEN greatest(part_at, clock_timestamp())\n"
-	"                 ELSE part_at END,\n"
-	"       expires_at = greatest(expires_at,\n"
-	"                             now() + $4 * interval '1 millisecond')\n"
-	" WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
-	"   AND " PART_SINCE("$5");
+	"WITH u AS (\n"
+	"  UPDATE idempotency_keys\n"
+	"     SET lease_until = now() + $4 * interval '1 millisecond',\n"
+	"         part_at = CASE WHEN part_at > '-infinity'\n"
+	"                   THEN greatest(part_at, clock_timestamp())\n"
+	"                   ELSE part_at END,\n"
+	"         expires_at = greatest(expires_at,\n"
+	"                               now() + $4 * interval '1 millisecond')\n"
+	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
+	"     AND " PART_SINCE("$5") "\n"
+	"  RETURNING 1)\n"
+	"SELECT (SELECT 'extended'::text FROM u), " WRITES_ANYWAY("u");
 
 /*
  * $1 scope, $2 key, $3 with the stored head and body. A live record (an
@@ -262,8 +291,8 @@ static const char inspect_sql[] =
  * owner is fenced: its completion finds no row), wakes its waiters
  * ("<scope>:<key>") and tells every instance's cache ("purge:..."), also
  * when there was no row: a copy may outlive a row deleted by hand. One row:
- * the state the live record had, NULL when there was none. txid_current():
- * as for release_sql, the commit is written and waited for either way.
+ * the state the live record had, NULL when there was none. The commit is
+ * written and waited for either way (WRITES_ANYWAY).
  */
 static const char purge_sql[] =
 	"WITH d AS (\n"
@@ -273,7 +302,7 @@ static const char purge_sql[] =
 	"                   ::bigint AS left_ms)\n"
 	"SELECT (SELECT state FROM d WHERE live), (SELECT fingerprint FROM d),\n"
 	"       (SELECT owner FROM d), (SELECT status FROM d),\n"
-	"       (SELECT left_ms FROM d), txid_current()\n"
+	"       (SELECT left_ms FROM d), " WRITES_ANYWAY("d") "\n"
 	"  FROM pg_notify('idemproxy', $1 || ':' || $2) AS wake,\n"
 	"       pg_notify('idemproxy', 'purge:' || $1 || ':' || $2) AS forget";
 
@@ -555,7 +584,7 @@ void pg_op_committed(struct pg_op *o)
 		claim_result(o, r);
 		return;
 	case PG_COMPLETE:
-		pg_op_finish(o, PQntuples(r) > 0 ? STORE_OK : STORE_FENCED);
+		pg_op_finish(o, !PQgetisnull(r, 0, 0) ? STORE_OK : STORE_FENCED);
 		return;
 	case PG_RELEASE:
 		/* a re-send that found nothing after an attempt whose commit
@@ -567,8 +596,7 @@ void pg_op_committed(struct pg_op *o)
 				STORE_OK : STORE_FENCED);
 		return;
 	case PG_EXTEND:
-		pg_op_finish(o, strcmp(PQcmdTuples((PGresult *)r), "1") == 0 ?
-				     STORE_OK : STORE_FENCED);
+		pg_op_finish(o, !PQgetisnull(r, 0, 0) ? STORE_OK : STORE_FENCED);
 		return;
 	case PG_SWEEP:
 		o->local->sweeping = false;
@@ -689,8 +717,8 @@ static bool watched(const struct pg_op *o)
 	const PGresult *r = o->result;
 
 	return o->kind == PG_COMPLETE && r != NULL && PQntuples(r) == 1 &&
-	       PQnfields(r) == 2 && PQgetlength(r, 0, 1) == 1 &&
-	       *PQgetvalue(r, 0, 1) == 1;
+	       PQnfields(r) == 3 && !PQgetisnull(r, 0, 1) &&
+	       PQgetlength(r, 0, 1) == 1 && *PQgetvalue(r, 0, 1) == 1;
 }
 
 int pg_send_wake(struct pg_conn *c)

@@ -11,7 +11,9 @@ parts (tests/ha/ runs the real Patroni cluster):
     as soon as one is;
   - a claim whose commit's wait for the synchronous standby was cancelled
     (PostgreSQL: "canceling wait for synchronous replication ... committed
-    locally, but might not have been replicated") is never forwarded.
+    locally, but might not have been replicated") is never forwarded;
+  - a stale primary (still writable, its commits waiting for a standby
+    that was promoted) never answers an owner "not ours".
 """
 import concurrent.futures
 import os
@@ -23,6 +25,7 @@ import time
 import pytest
 
 from support.http import RawConn, assert_problem
+from support.relay import Relay
 from support.procs import (IDEMPROXY_BIN, clean_env, metric_value, read_text,
                            readyz, wait_readyz)
 from support.silent import SilentServer
@@ -289,3 +292,63 @@ def test_asynchronous_replication_is_warned(make_proxy, stub, private_pg):
             rx.wait()
         private_pg.psql("alter system reset synchronous_standby_names")
         private_pg.psql("select pg_reload_conf()")
+
+
+def test_stale_primary_never_answers_not_ours(make_proxy, stub, pg_db,
+                                              private_pg):
+    """A stale primary: a node whose Patroni died keeps running as a
+    primary after the cluster promoted its standby. It accepts connections
+    and writes, but a writing commit waits for its synchronous standby for
+    good. The proxy may connect to it (it accepts writes) while it owns a
+    key claimed on the real primary; there the row is missing. A
+    completion that found no row answered "not ours any more" at once,
+    the key stayed in flight on the real primary, and a retry after the
+    lease executed it again. An owner's statement must commit a write
+    even when it finds nothing, so that its answer waits for the standby
+    like every outcome does.
+
+    A relay stands for the moving address: the claim commits on the real
+    primary, then every store connection is cut and the relay points at
+    the stale one (a second server with the table and a synchronous
+    standby that never connects) while the request is upstream, and back
+    once the completion had time to be answered there."""
+    private_pg.psql(f"create database {pg_db.name}")
+    for db_url in (pg_db.url, private_pg.url(pg_db.name)):
+        r = subprocess.run([IDEMPROXY_BIN, "migrate", "--store", db_url],
+                           capture_output=True, timeout=60, env=clean_env())
+        assert r.returncode == 0, r
+    private_pg.psql("alter system set synchronous_standby_names = 'ghost'")
+    private_pg.psql("select pg_reload_conf()")
+    relay = Relay(pg_db.server.port)
+    try:
+        p = make_proxy("--store", f"postgres://postgres@127.0.0.1:"
+                       f"{relay.port}/{pg_db.name}", "--lease", "3s",
+                       "--upstream-timeout", "2s")
+        wait_readyz(p, 200)
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            first = ex.submit(keyed_post, p.port, "stale-1", b"{}",
+                              "/orders?delay_ms=1500")
+            deadline = time.monotonic() + 10
+            while "stale-1" not in stub.stats()["keys"]:
+                assert time.monotonic() < deadline, p.log()
+                time.sleep(0.02)
+            relay.retarget(private_pg.port)
+            assert relay.reset() >= 1
+            time.sleep(2.5)             # the completion meets the stale one
+            relay.retarget(pg_db.server.port)
+            relay.reset()
+            r = first.result(timeout=30)
+        assert r.status == 200, r
+        # the outcome lands on the primary; past the lease a key left in
+        # flight would be taken over by a retry
+        deadline = time.monotonic() + 15
+        while pg_db.count("key = 'stale-1' and state = 'completed'") == 0:
+            assert time.monotonic() < deadline, p.log()
+            time.sleep(0.2)
+        time.sleep(3.5)
+        r = keyed_post(p.port, "stale-1", b"{}", "/orders?delay_ms=1500")
+        assert r.status == 200 and r.header("Idempotent-Replayed") == "true", r
+        assert stub.stats()["keys"]["stale-1"] == 1
+        assert "not ours any more" not in p.log()
+    finally:
+        relay.close()

@@ -7,6 +7,8 @@ socket buffer) without closing it.
     r.release()                 # ... and go on, in order
     r.cut(b"LISTEN idemproxy")  # connections whose client sent this
                                 # become black holes
+    r.retarget(other_port)      # new connections go to another server
+    r.reset()                   # every connection open now is closed
     r.close()
 
 Bytes from the target to the client are never held. A thread per
@@ -53,6 +55,24 @@ class Relay:
                     conn["cut"] = True
                     n += 1
         return n
+
+    def retarget(self, port):
+        """Connections accepted from now on go to port (a failover behind
+        a VIP); the open ones stay where they are."""
+        self.target_port = port
+
+    def reset(self):
+        """Close both ends of every connection open now. Returns how
+        many."""
+        with self._lock:
+            socks, self._socks = self._socks, []
+            self._conns = []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return len(socks) // 2
 
     def _accept(self):
         while not self._closed:
