@@ -897,6 +897,14 @@ class Cluster:
         self._killed.add(node.name)
         self._log(f"killed node {node.name}")
 
+    def kill_patroni(self, name):
+        """SIGKILL the node's Patroni alone (an OOM kill, no watchdog): its
+        PostgreSQL keeps running as it was, a primary included, until
+        kill_node() and start_node() bring the node back."""
+        node = self.node(name)
+        node.proc.signal(signal.SIGKILL)
+        self._log(f"killed patroni of {node.name}; its postgres runs on")
+
     def start_node(self, name, wait=True, timeout=60.0):
         """Start patroni again on a killed or stopped node (same ports and
         data dir); with wait, return once the cluster is healthy again."""
