@@ -578,26 +578,34 @@ def run(args):
     seed = args.seed if args.seed is not None else \
         random.SystemRandom().randrange(1 << 31)
     rng = random.Random(seed)
-    kinds = tuple(args.faults.split(",")) if args.faults else FAULT_CYCLE
+    cycle = tuple(k for k in FAULT_CYCLE
+                  if not (args.no_redis and k.startswith("redis-")))
+    kinds = tuple(args.faults.split(",")) if args.faults else cycle
     for k in kinds:
-        if k not in FAULT_CYCLE:
-            log(f"--faults: unknown fault {k!r}; known: "
-                f"{','.join(FAULT_CYCLE)}")
+        if k not in cycle:
+            log(f"--faults: unknown fault {k!r}"
+                f"{' (--no-redis)' if k in FAULT_CYCLE else ''}; known: "
+                f"{','.join(cycle)}")
             return 2
     plan = schedule(args.duration, args.instances, rng, kinds)
     workdir = tempfile.mkdtemp(prefix="idemproxy-soak-", dir="/tmp")
     log(f"seed {seed}, {args.duration:g} s, {args.instances} instances, "
         f"{args.clients} clients, lease {LEASE_S:g}s, upstream timeout "
-        f"{UPSTREAM_TIMEOUT_S:g}s, ttl {TTL_S:g}s; history in {workdir}")
+        f"{UPSTREAM_TIMEOUT_S:g}s, ttl {TTL_S:g}s, "
+        f"{'PostgreSQL only' if args.no_redis else 'PostgreSQL + Redis'}; "
+        f"history in {workdir}")
     log("fault schedule: " + ", ".join(
         f"+{o:g}s {k}{'' if i is None else ' i%d' % i}" for o, k, i in plan))
-    log(f"reproduce: {'SOAK_ARGS=--faults=' + args.faults + ' ' if args.faults else ''}"
-        f"tests/soak/run.sh {args.duration:g} {seed}")
+    extra = ([f"--faults={args.faults}"] if args.faults else []) + \
+        (["--no-redis"] if args.no_redis else [])
+    env = f"SOAK_ARGS='{' '.join(extra)}' " if extra else ""
+    log(f"reproduce: {env}tests/soak/run.sh {args.duration:g} {seed}")
     config = {"seed": seed, "duration_s": args.duration,
               "instances": args.instances, "clients": args.clients,
               "lease_s": LEASE_S, "upstream_timeout_s": UPSTREAM_TIMEOUT_S,
               "ttl_s": TTL_S, "wait_timeout_s": WAIT_TIMEOUT_S,
               "slots": SLOTS, "negative_control": args.negative_control,
+              "redis": not args.no_redis,
               "binary": IDEMPROXY_BIN, "faults": list(kinds),
               "plan": plan}
     with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -610,10 +618,13 @@ def run(args):
     try:
         pg = PgServer()
         pg.psql("create database soak")
-        redis = RedisServer()
+        if not args.no_redis:
+            redis = RedisServer()
         up = Upstream(workdir)
         if args.negative_control:
             store = ["--store", "memory"]
+        elif args.no_redis:
+            store = ["--store", pg.url("soak")]
         else:
             store = ["--store", pg.url("soak"), "--redis", redis.url]
         flags = ["--upstream", up.url, "--workers", "2", *store,
@@ -753,6 +764,8 @@ def main():
     ap.add_argument("--keep", action="store_true",
                     help="keep the history dir after a passing run")
     ap.add_argument("--negative-control", action="store_true")
+    ap.add_argument("--no-redis", action="store_true",
+                    help="PostgreSQL alone, no --redis (and no Redis faults)")
     ap.add_argument("--faults", help="only these fault kinds, comma-"
                     "separated (default: all of " + ",".join(FAULT_CYCLE) +
                     ")")
