@@ -1096,8 +1096,10 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 		return NULL;
 	}
 	atomic_init(&s->primary, -1);
-	for (int i = 0; i < PG_HOSTS_MAX; i++)
+	for (int i = 0; i < PG_HOSTS_MAX; i++) {
 		atomic_init(&s->failed[i], false);
+		atomic_init(&s->slow_at[i], 0);
+	}
 	pthread_mutex_init(&s->mu, NULL);
 	atomic_init(&s->up, 0);
 	return &s->base;

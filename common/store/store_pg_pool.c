@@ -455,9 +455,12 @@ static void busy_timeout(struct pg_conn *c)
 	if (PQconsumeInput(c->pg))
 		drain_results(c);
 	if (c->pg != NULL && c->state == PGC_BUSY &&
-	    !evtimer_pending(c->timer, NULL))
+	    !evtimer_pending(c->timer, NULL)) {
+		if (!c->listener && c->local->s->hosts.probe)
+			atomic_store(&c->local->s->slow_at[c->host], clock_ms());
 		conn_fail(c, c->listener ? "the listener did not answer its "
 			  "probe" : "statement timed out");
+	}
 }
 
 /*
@@ -580,6 +583,7 @@ void pg_close_conn(PGconn **pg, struct event **io)
 static void probe_stop(struct pg_probe *p)
 {
 	pg_close_conn(&p->pg, &p->io);
+	p->parked_at = 0;
 }
 
 static void probes_stop(struct pg_conn *c)
@@ -670,6 +674,45 @@ static void probe_won(struct pg_conn *c, struct pg_probe *p)
 	run_setup(c);
 }
 
+/* Is a probe of p's connection other than p still connecting? */
+static bool others_connecting(const struct pg_probe *p)
+{
+	const struct pg_conn *c = p->c;
+
+	for (int i = 0; i < c->local->s->hosts.n; i++)
+		if (i != p->host && c->probes[i].pg != NULL &&
+		    c->probes[i].parked_at == 0)
+			return true;
+	return false;
+}
+
+/*
+ * p reached a server that accepts writes, but one where a statement timed
+ * out lately (PG_SLOW_HOST_MS): a primary that lost its role still
+ * accepts writes and holds every commit (docs/ha.md). While another host
+ * is still being asked, p waits for one of them to win instead, at most
+ * PG_PARK_MS (probe_tick); a pooler of the same primary, or the only
+ * primary there is, is then taken all the same.
+ */
+static bool probe_parks(struct pg_probe *p)
+{
+	const struct pg_store *s = p->c->local->s;
+	uint64_t slow = atomic_load(&s->slow_at[p->host]);
+	uint64_t now = clock_ms();
+
+	if (slow == 0 || now - slow >= PG_SLOW_HOST_MS || !others_connecting(p))
+		return false;
+	if (p->io != NULL) {
+		event_free(p->io);
+		p->io = NULL;
+	}
+	p->parked_at = now;
+	log_debug("postgres store: %s accepts writes, but a statement timed "
+		  "out there %llu ms ago: another host first", s->hosts.label[p->host],
+		  (unsigned long long)(now - slow));
+	return true;
+}
+
 static void probe_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct pg_probe *p = arg;
@@ -682,7 +725,8 @@ static void probe_cb(evutil_socket_t fd, short what, void *arg)
 		probe_arm(p, EV_WRITE);
 		return;
 	case PGRES_POLLING_OK:
-		probe_won(p->c, p);
+		if (!probe_parks(p))
+			probe_won(p->c, p);
 		return;
 	default:
 		probe_failed(p, "refused");
@@ -701,6 +745,15 @@ static void probe_tick(struct pg_conn *c)
 	struct timeval tick = clock_tv(PG_PROBE_TICK_MS);
 	uint64_t now = clock_ms();
 
+	for (int i = 0; i < h->n; i++) {
+		struct pg_probe *p = &c->probes[i];
+
+		if (p->parked_at != 0 && (now - p->parked_at >= PG_PARK_MS ||
+					  !others_connecting(p))) {
+			probe_won(c, p);
+			return;
+		}
+	}
 	if (now >= c->probe_deadline) {
 		char why[1024];
 		size_t n = 0;
@@ -718,7 +771,8 @@ static void probe_tick(struct pg_conn *c)
 	for (int i = 0; i < h->n; i++) {
 		struct pg_probe *p = &c->probes[i];
 
-		if (p->pg != NULL && now - p->started >= PG_HOST_CONNECT_MS)
+		if (p->pg != NULL && p->parked_at == 0 &&
+		    now - p->started >= PG_HOST_CONNECT_MS)
 			probe_failed(p, "no answer in time");
 		else if (p->pg == NULL && now >= p->next_at)
 			probe_launch(p);
@@ -803,6 +857,10 @@ static void batch_done(struct pg_conn *c)
 
 	batch_take(c, &ops);
 	c->batch_failed = false;
+	if (!failed && c->local->s->hosts.probe &&
+	    atomic_load_explicit(&c->local->s->slow_at[c->host],
+				 memory_order_relaxed) != 0)
+		atomic_store(&c->local->s->slow_at[c->host], 0);
 	TAILQ_FOREACH(o, &ops, link) {
 		blamed |= o->stmt_failed;
 		n++;

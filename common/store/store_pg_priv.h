@@ -44,6 +44,12 @@
 #define PG_HOST_CONNECT_MS 2000	/* one host's connect and startup */
 #define PG_REPROBE_MS 200	/* a host that refused is asked again */
 #define PG_PROBE_TICK_MS 50
+/* A host where a statement timed out (a primary that lost its role and
+ * waits for a standby that is gone, docs/ha.md) loses ties for this long,
+ * or until a batch commits there: a probe that reaches it waits up to
+ * PG_PARK_MS for another host to accept writes first. */
+#define PG_SLOW_HOST_MS 30000
+#define PG_PARK_MS 500
 #define PG_LISTEN_PROBE_MS 1000	/* the listener proves it hears this often */
 #define PG_LISTEN_DEADLINE_MS 2000	/* ... or is down this long after */
 
@@ -124,6 +130,8 @@ struct pg_probe {
 	struct event *io;
 	uint64_t started;		/* monotonic ms */
 	uint64_t next_at;		/* not connecting: try again then */
+	uint64_t parked_at;		/* connected to a slow host, waiting
+					 * for another to win; 0: not parked */
 	char why[160];			/* its last failure, for the log */
 };
 
@@ -181,6 +189,8 @@ struct pg_store {
 					 * -1: not known yet */
 	atomic_bool failed[PG_HOSTS_MAX];	/* a connection to this host
 					 * failed since one last came up */
+	_Atomic uint64_t slow_at[PG_HOSTS_MAX];	/* ms a statement there last
+					 * timed out; 0: a batch committed since */
 	char *setup_sql;		/* schema + PREPAREs */
 	int conns_per_thread;
 	atomic_int up;			/* connections up, all threads */

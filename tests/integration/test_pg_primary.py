@@ -352,3 +352,36 @@ def test_stale_primary_never_answers_not_ours(make_proxy, stub, pg_db,
         assert "not ours any more" not in p.log()
     finally:
         relay.close()
+
+
+def test_host_that_timed_out_loses_ties(make_proxy, stub, pg_db, private_pg):
+    """Two hosts accept writes, and commits on one of them never return (a
+    stale primary beside the promoted one). Once a statement timed out
+    there, a new connection that reaches both takes the other. Before,
+    the first to answer won, and the stale one answers sooner here: the
+    real primary sits behind a relay that delays every piece by 20 ms, and
+    holds its bytes while the proxy starts so that every connection
+    begins on the stale one."""
+    private_pg.psql(f"create database {pg_db.name}")
+    for db_url in (pg_db.url, private_pg.url(pg_db.name)):
+        r = subprocess.run([IDEMPROXY_BIN, "migrate", "--store", db_url],
+                           capture_output=True, timeout=60, env=clean_env())
+        assert r.returncode == 0, r
+    private_pg.psql("alter system set synchronous_standby_names = 'ghost'")
+    private_pg.psql("select pg_reload_conf()")
+    relay = Relay(pg_db.server.port, delay=0.02)
+    relay.hold()
+    try:
+        p = make_proxy("--store", f"postgres://postgres@127.0.0.1:"
+                       f"{private_pg.port},127.0.0.1:{relay.port}/"
+                       f"{pg_db.name}", "--store-connections", "2")
+        wait_readyz(p, 200)
+        relay.release()
+        first = keyed_post(p.port, "tie-0")
+        assert first.status == 503, first      # held by the stale one
+        statuses = [keyed_post(p.port, f"tie-{i}").status
+                    for i in range(1, 21)]
+        assert statuses == [200] * 20, (statuses, p.log())
+        assert pg_db.count("state = 'completed'") == 20
+    finally:
+        relay.close()

@@ -3,6 +3,7 @@ that delays a connection's bytes (a stalled path, a paused process's
 socket buffer) without closing it.
 
     r = Relay(target_port)      # listen on r.port, forward to the target
+    r = Relay(port, delay=0.02) # ... each piece of either direction late
     r.hold()                    # from now on, client bytes wait here
     r.release()                 # ... and go on, in order
     r.cut(b"LISTEN idemproxy")  # connections whose client sent this
@@ -16,13 +17,15 @@ direction per connection; the relay stops its threads on close().
 """
 import socket
 import threading
+import time
 
 from support.procs import free_port
 
 
 class Relay:
-    def __init__(self, target_port):
+    def __init__(self, target_port, delay=0.0):
         self.target_port = target_port
+        self.delay = delay
         self.port = free_port()
         self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -107,6 +110,8 @@ class Relay:
                 if holdable and not self._open.is_set():
                     self.held += len(data)
                     self._open.wait()
+                if self.delay:
+                    time.sleep(self.delay)
                 dst.sendall(data)
         except OSError:
             pass
