@@ -170,9 +170,9 @@ def fault_kill_patroni(c, head):
 AFTER_RECOVERY = []
 
 # A writable old primary holds what is sent to it until the batch's
-# deadline (5 s, twice when a new connection lands there again): the
+# deadline (5 s; a new connection then prefers another host): the
 # recovery bound for that fault (docs/ha.md).
-fault_kill_patroni.bound = 5.0 * 2 + RECOVERY_BOUND_S
+fault_kill_patroni.bound = 5.0 + RECOVERY_BOUND_S
 
 FAULTS = [fault_freeze, fault_switchover, fault_kill_node,
           fault_kill_postgres, fault_cancel_waits, fault_etcd_freeze,

@@ -294,6 +294,19 @@ def test_asynchronous_replication_is_warned(make_proxy, stub, private_pg):
         private_pg.psql("select pg_reload_conf()")
 
 
+def stale_beside(pg_db, private_pg):
+    """private_pg becomes a stale primary beside pg_db: the same table
+    (both migrated), and a synchronous standby that never connects, so a
+    writing commit there never returns."""
+    private_pg.psql(f"create database {pg_db.name}")
+    for db_url in (pg_db.url, private_pg.url(pg_db.name)):
+        r = subprocess.run([IDEMPROXY_BIN, "migrate", "--store", db_url],
+                           capture_output=True, timeout=60, env=clean_env())
+        assert r.returncode == 0, r
+    private_pg.psql("alter system set synchronous_standby_names = 'ghost'")
+    private_pg.psql("select pg_reload_conf()")
+
+
 def test_stale_primary_never_answers_not_ours(make_proxy, stub, pg_db,
                                               private_pg):
     """A stale primary: a node whose Patroni died keeps running as a
@@ -312,13 +325,7 @@ def test_stale_primary_never_answers_not_ours(make_proxy, stub, pg_db,
     the stale one (a second server with the table and a synchronous
     standby that never connects) while the request is upstream, and back
     once the completion had time to be answered there."""
-    private_pg.psql(f"create database {pg_db.name}")
-    for db_url in (pg_db.url, private_pg.url(pg_db.name)):
-        r = subprocess.run([IDEMPROXY_BIN, "migrate", "--store", db_url],
-                           capture_output=True, timeout=60, env=clean_env())
-        assert r.returncode == 0, r
-    private_pg.psql("alter system set synchronous_standby_names = 'ghost'")
-    private_pg.psql("select pg_reload_conf()")
+    stale_beside(pg_db, private_pg)
     relay = Relay(pg_db.server.port)
     try:
         p = make_proxy("--store", f"postgres://postgres@127.0.0.1:"
@@ -362,13 +369,7 @@ def test_host_that_timed_out_loses_ties(make_proxy, stub, pg_db, private_pg):
     real primary sits behind a relay that delays every piece by 20 ms, and
     holds its bytes while the proxy starts so that every connection
     begins on the stale one."""
-    private_pg.psql(f"create database {pg_db.name}")
-    for db_url in (pg_db.url, private_pg.url(pg_db.name)):
-        r = subprocess.run([IDEMPROXY_BIN, "migrate", "--store", db_url],
-                           capture_output=True, timeout=60, env=clean_env())
-        assert r.returncode == 0, r
-    private_pg.psql("alter system set synchronous_standby_names = 'ghost'")
-    private_pg.psql("select pg_reload_conf()")
+    stale_beside(pg_db, private_pg)
     relay = Relay(pg_db.server.port, delay=0.02)
     relay.hold()
     try:
