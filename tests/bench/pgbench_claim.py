@@ -44,21 +44,23 @@ COMPLETE_T = ["text", "text", "text", "int", "bytea", "bytea", "bigint",
               "bigint"]
 
 
-def expand_part_since(src):
-    """PART_SINCE("$n") in the statements: the macro's text around $n."""
-    m = re.search(r"#define PART_SINCE\(p\)((?:.*\\\n)*.*\n)", src)
+def expand_macro(src, name):
+    """NAME("arg") in the statements, for a string macro of one parameter
+    (PART_SINCE(p), WRITES_ANYWAY(cte)): the macro's text around arg."""
+    m = re.search(r"#define " + name + r"\((\w+)\)((?:.*\\\n)*.*\n)", src)
     if not m:
         return src
-    toks = re.findall(r'"(?:[^"\\]|\\.)*"|\bp\b', m.group(1))
-    i = toks.index("p")
+    toks = re.findall(r'"(?:[^"\\]|\\.)*"|\b' + m.group(1) + r'\b',
+                      m.group(2))
+    i = toks.index(m.group(1))
     before = "".join(t[1:-1] for t in toks[:i])
     after = "".join(t[1:-1] for t in toks[i + 1:])
-    return re.sub(r'PART_SINCE\("(\$\d+)"\)',
+    return re.sub(name + r'\("((?:[^"\\]|\\.)*)"\)',
                   lambda a: '"' + before + a.group(1) + after + '"', src)
 
 
 def c_string(src, name):
-    src = expand_part_since(src)
+    src = expand_macro(expand_macro(src, "PART_SINCE"), "WRITES_ANYWAY")
     m = re.search(r"const char " + name + r"\[\]\s*=\s*(.*?);\s*\n", src, re.S)
     if not m:
         sys.exit(f"pgbench_claim.py: {name} not found")
