@@ -33,8 +33,8 @@ os.environ.setdefault("STUB_UPSTREAM_BIN",
                       os.path.join(ROOT, "build-test/tests/support/stub_upstream"))
 
 from cluster import ClusterError, http_json  # noqa: E402
-from test_failover import (RECOVERY_BOUND_S, Cluster, Load, Proxy,  # noqa
-                           Stub, check_history, recovery)
+from test_failover import (RECOVERY_BOUND_S, STALE_BOUND_S, Cluster,  # noqa
+                           Load, Proxy, Stub, check_history, recovery)
 
 
 def fault_freeze(c, head):
@@ -169,10 +169,7 @@ def fault_kill_patroni(c, head):
 # what a fault leaves to do once the instances' recovery was measured
 AFTER_RECOVERY = []
 
-# A writable old primary holds what is sent to it until the batch's
-# deadline (5 s; a new connection then prefers another host): the
-# recovery bound for that fault (docs/ha.md).
-fault_kill_patroni.bound = 5.0 + RECOVERY_BOUND_S
+fault_kill_patroni.bound = STALE_BOUND_S
 
 FAULTS = [fault_freeze, fault_switchover, fault_kill_node,
           fault_kill_postgres, fault_cancel_waits, fault_etcd_freeze,
