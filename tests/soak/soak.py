@@ -2,10 +2,11 @@
 """A soak of idemproxy with a history checker (issue 11, "Keep it hardened").
 
     soak.py [--duration 60] [--seed N] [--instances 3] [--clients 8]
-            [--faults KIND,...] [--keep] [--negative-control]
+            [--faults KIND,...] [--no-redis] [--keep] [--negative-control]
 
 Starts, all on 127.0.0.1 with free ports, in a temp dir:
-  - a private PostgreSQL 15 and a Redis (tests/integration/support/stores.py)
+  - a private PostgreSQL 15 and a Redis (tests/integration/support/stores.py;
+    --no-redis: PostgreSQL alone, and no Redis faults)
   - the recording upstream (upstream.py): one line per execution
   - N idemproxy instances (IDEMPROXY_BIN, default build-test/proxy/idemproxy)
     sharing the PostgreSQL database and the Redis, with a short --lease (3s),
