@@ -7,6 +7,7 @@ a promoted master that lost every copy (flushed) costs misses, never an
 execution: PostgreSQL stays the authority.
 """
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -45,9 +46,11 @@ class Sentinel:
         return int(text(r[1])) if r else None
 
     def stop(self):
+        """Kill it and remove its dir (its log is printed before)."""
         self.proc.kill()
         self.proc.wait()
         self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def text(v):
