@@ -584,6 +584,8 @@ void pg_op_committed(struct pg_op *o)
 		claim_result(o, r);
 		return;
 	case PG_COMPLETE:
+	case PG_EXTEND:
+		/* 'completed' / 'extended', NULL when not ours */
 		pg_op_finish(o, !PQgetisnull(r, 0, 0) ? STORE_OK : STORE_FENCED);
 		return;
 	case PG_RELEASE:
@@ -594,9 +596,6 @@ void pg_op_committed(struct pg_op *o)
 				(o->unacked != NULL &&
 				 !PQgetisnull(o->unacked, 0, 0)) ?
 				STORE_OK : STORE_FENCED);
-		return;
-	case PG_EXTEND:
-		pg_op_finish(o, !PQgetisnull(r, 0, 0) ? STORE_OK : STORE_FENCED);
 		return;
 	case PG_SWEEP:
 		o->local->sweeping = false;
