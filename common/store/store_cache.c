@@ -18,6 +18,7 @@
  */
 #include "store_cache.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -34,6 +35,8 @@
 #define NGENS 4096		/* purge generation slots */
 #define ENTRY_OVERHEAD 96	/* bookkeeping per entry, counted in bytes */
 #define PURGE_PREFIX "purge:"
+#define HEAR_POLL_MS 1		/* a purge waits for its own echo: each */
+#define HEAR_WAIT_MS 1000	/* and at most */
 
 struct entry {
 	struct entry *next;		/* hash chain */
@@ -73,12 +76,14 @@ struct cop {
 	struct store_op op;		/* first: the generic handle */
 	enum cop_kind kind;
 	struct cache_store *cs;
+	struct event_base *base;
 	store_cb cb;
 	void *arg;
 	struct store_op *inner;		/* NULL once it answered */
-	struct event *ev;		/* a hit's delivery */
-	struct store_result res;	/* a hit */
+	struct event *ev;		/* a hit's delivery; a purge's wait */
+	struct store_result res;	/* a hit; a purge's outcome */
 	struct store_key key;
+	struct store_claim claim;	/* claim: re-sent if a hit goes stale */
 	uint8_t fp[FP_LEN];
 	uint64_t start_ms;
 	unsigned global_gen, gen;	/* at the start */
@@ -257,8 +262,9 @@ static void cop_free(struct cop *o)
 	free(o);
 }
 
-static struct cop *cop_new(struct cache_store *cs, enum cop_kind kind,
-			   const struct store_key *k, store_cb cb, void *arg)
+static struct cop *cop_new(struct cache_store *cs, struct event_base *base,
+			   enum cop_kind kind, const struct store_key *k,
+			   store_cb cb, void *arg)
 {
 	struct cop *o = calloc(1, sizeof(*o));
 	char id[STORE_ID_MAX];
@@ -268,6 +274,7 @@ static struct cop *cop_new(struct cache_store *cs, enum cop_kind kind,
 	o->op.store = &cs->base;
 	o->kind = kind;
 	o->cs = cs;
+	o->base = base;
 	o->cb = cb;
 	o->arg = arg;
 	o->key = *k;
@@ -277,12 +284,46 @@ static struct cop *cop_new(struct cache_store *cs, enum cop_kind kind,
 	return o;
 }
 
+/* Purges of o's key heard since o started (its own purge included). */
+static unsigned purges_since(const struct cop *o)
+{
+	char id[STORE_ID_MAX];
+	uint64_t h = store_id_hash(id, store_key_id(&o->key, id));
+
+	if (atomic_load(&o->cs->global_gen) != o->global_gen)
+		return UINT_MAX;
+	return gen_of(o->cs, h) - o->gen;
+}
+
+static void claim_inner_cb(void *arg, const struct store_result *res);
+
+/*
+ * A hit, one loop turn after its lookup. A purge heard in between (this
+ * turn's listener, or another worker's) makes it stale: the store behind
+ * answers instead.
+ */
 static void hit_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct cop *o = arg;
 
-	o->cb(o->arg, &o->res);
-	cop_free(o);
+	if (purges_since(o) == 0) {
+		if (o->res.status == STORE_COMPLETED)
+			metrics_count(COUNTER_response_cache_hits_total);
+		o->cb(o->arg, &o->res);
+		cop_free(o);
+		return;
+	}
+	event_free(o->ev);
+	o->ev = NULL;
+	stored_response_unref(o->res.resp);
+	memset(&o->res, 0, sizeof(o->res));
+	o->inner = store_claim(o->cs->inner, o->base, &o->claim,
+			       claim_inner_cb, o);
+	if (o->inner == NULL) {
+		o->res.status = STORE_ERROR;
+		o->cb(o->arg, &o->res);
+		cop_free(o);
+	}
 }
 
 static void claim_inner_cb(void *arg, const struct store_result *res)
@@ -301,10 +342,11 @@ static struct store_op *cache_claim(struct store *s, struct event_base *base,
 				    void *arg)
 {
 	struct cache_store *cs = (struct cache_store *)s;
-	struct cop *o = cop_new(cs, COP_CLAIM, &c->key, cb, arg);
+	struct cop *o = cop_new(cs, base, COP_CLAIM, &c->key, cb, arg);
 
 	if (o == NULL)
 		return NULL;
+	o->claim = *c;
 	memcpy(o->fp, c->fp, FP_LEN);
 	o->res.status = lookup(cs, &c->key, c->fp, &o->res.resp,
 			       &o->res.ttl_left_ms);
@@ -315,8 +357,6 @@ static struct store_op *cache_claim(struct store *s, struct event_base *base,
 			cop_free(o);
 			return NULL;
 		}
-		if (o->res.status == STORE_COMPLETED)
-			metrics_count(COUNTER_response_cache_hits_total);
 		event_active(o->ev, EV_TIMEOUT, 1);
 		return &o->op;
 	}
@@ -346,7 +386,7 @@ static struct store_op *cache_complete(struct store *s, struct event_base *base,
 				       uint64_t ttl_ms, store_cb cb, void *arg)
 {
 	struct cache_store *cs = (struct cache_store *)s;
-	struct cop *o = cop_new(cs, COP_COMPLETE, k, cb, arg);
+	struct cop *o = cop_new(cs, base, COP_COMPLETE, k, cb, arg);
 
 	if (o == NULL)
 		return NULL;
@@ -404,6 +444,52 @@ out:
 	pthread_mutex_unlock(&cs->mu);
 }
 
+static void purge_done(struct cop *o)
+{
+	o->cb(o->arg, &o->res);
+	cop_free(o);
+}
+
+/*
+ * A committed purge answers once this process heard its notification:
+ * its own bump of the key's generation and at least one more (a listener
+ * heard it; the global one moving counts too). Every instance's listener
+ * was told by the same commit, so an answer means the others are hearing
+ * it about now, not within the 3 s bound for a listener cut silently. A
+ * listener slower than HEAR_WAIT_MS does not hold the operator longer.
+ */
+static void purge_hear_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct cop *o = arg;
+	struct timeval tv = clock_tv(HEAR_POLL_MS);
+
+	if (purges_since(o) >= 2 || clock_ms() - o->start_ms >= HEAR_WAIT_MS) {
+		purge_done(o);
+		return;
+	}
+	evtimer_add(o->ev, &tv);
+}
+
+static void purge_hear(struct cop *o)
+{
+	struct cache_store *cs = o->cs;
+	bool listening;
+
+	pthread_mutex_lock(&cs->mu);
+	listening = cs->listening > 0;
+	pthread_mutex_unlock(&cs->mu);
+	if ((o->res.status != STORE_OK && o->res.status != STORE_ABSENT) ||
+	    !listening || purges_since(o) >= 2)
+		goto done;
+	o->ev = evtimer_new(o->base, purge_hear_cb, o);
+	if (o->ev == NULL)
+		goto done;
+	purge_hear_cb(-1, 0, o);
+	return;
+done:
+	purge_done(o);
+}
+
 static void inspect_inner_cb(void *arg, const struct store_result *res)
 {
 	struct cop *o = arg;
@@ -412,8 +498,13 @@ static void inspect_inner_cb(void *arg, const struct store_result *res)
 	o->res = *res;
 	if (res->resp != NULL)
 		o->res.resp = stored_response_ref(res->resp);
-	if (res->status != STORE_ERROR || o->kind == COP_PURGE)
-		own_copy(o->cs, o, o->kind == COP_PURGE);
+	if (o->kind == COP_PURGE) {
+		own_copy(o->cs, o, true);
+		purge_hear(o);
+		return;
+	}
+	if (res->status != STORE_ERROR)
+		own_copy(o->cs, o, false);
 	o->cb(o->arg, &o->res);
 	cop_free(o);
 }
@@ -423,7 +514,7 @@ static struct store_op *cache_inspect(struct store *s, struct event_base *base,
 				      store_cb cb, void *arg)
 {
 	struct cache_store *cs = (struct cache_store *)s;
-	struct cop *o = cop_new(cs, COP_INSPECT, k, cb, arg);
+	struct cop *o = cop_new(cs, base, COP_INSPECT, k, cb, arg);
 
 	if (o == NULL)
 		return NULL;
@@ -442,7 +533,7 @@ static struct store_op *cache_purge(struct store *s, struct event_base *base,
 				    void *arg)
 {
 	struct cache_store *cs = (struct cache_store *)s;
-	struct cop *o = cop_new(cs, COP_PURGE, k, cb, arg);
+	struct cop *o = cop_new(cs, base, COP_PURGE, k, cb, arg);
 
 	if (o == NULL)
 		return NULL;

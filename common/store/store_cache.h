@@ -18,8 +18,10 @@
  * moment). Nothing else changes a completed record before it expires but
  * an explicit purge, which PostgreSQL announces to every instance with
  * NOTIFY idemproxy, 'purge:<scope>:<key>' (or 'purge:*' for everything):
- * the entry is dropped, and a fill whose claim started before the purge
- * was heard is not kept. While no listener of the process is up, purges
+ * the entry is dropped, a fill whose claim started before the purge
+ * was heard is not kept, and a hit not yet delivered goes to the inner
+ * store instead. A purge through the cache answers once the process heard
+ * it (or after a second), so every instance hears it about then. While no listener of the process is up, purges
  * could go unheard: nothing is served or kept, and everything is dropped
  * when hearing stops or resumes.
  *

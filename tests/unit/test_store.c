@@ -3,7 +3,9 @@
  * every branch of the claim table, fencing, expiry, wake-ups (same thread,
  * other threads, lease timeout), cancellation, the byte cap and the sweep;
  * the table under load: keys chosen to collide, doubling while in use,
- * bounded work at the byte cap.
+ * bounded work at the byte cap. Last, the response cache in front of it
+ * (store_cache.c): a hit a purge made stale, a purge that waits to hear
+ * itself.
  *
  * A fake clock drives lease and TTL decisions; a real event_base delivers
  * the callbacks (no sockets). Every call is checked not to run its callback
@@ -22,6 +24,7 @@
 #include <event2/thread.h>
 
 #include "store.h"
+#include "store_cache.h"
 #include "store_memory.h"
 #include "tap.h"
 
@@ -1577,6 +1580,92 @@ static void test_owner_tokens(void)
 	free(all);
 }
 
+/* ---- the response cache in front of it (store_cache.c) ---- */
+
+static struct store_op *start_purge(struct store *s, struct event_base *b,
+				    const char *key, struct res *r)
+{
+	struct store_key k = mkkey("", key);
+
+	res_reset(r);
+	return store_purge(s, b, &k, on_result, r);
+}
+
+/* Turn b's loop until r's callback ran, for at most ms of real time. */
+static void run_until_called(struct event_base *b, struct res *r, int ms)
+{
+	double end = now_s() + ms / 1000.0;
+
+	while (atomic_load(&r->calls) == 0 && now_s() < end)
+		event_base_loop(b, EVLOOP_ONCE);
+}
+
+static void test_cache(void)
+{
+	struct event_base *b = event_base_new();
+	struct store *inner = store_memory_new(BIG, fake_clock);
+	struct store *s = store_cache_new(inner, BIG);
+	struct store_claim c = mkclaim("cached", 0, 1000, 600000);
+	struct stored_response *resp = resp_new(201, "order 1");
+	struct res r = { 0 };
+	double t0;
+
+	store_cache_listening(s, true);
+	is_int(do_claim(s, b, &c, &r, "cache: first"), STORE_WON,
+	       "cache: the first claim wins");
+	is_int(complete(s, b, "cached", r.owner, resp, 600000, "cache: complete"),
+	       STORE_OK, "cache: completed (and kept)");
+	is_int(do_claim(inner, b, &c, &r, "cache: inner"), STORE_COMPLETED,
+	       "cache: the store behind has it too");
+
+	/* the record goes behind the cache's back, its purge not heard yet:
+	 * a lookup finds the copy, and the purge heard before the hit is
+	 * delivered (the same loop turn) sends the claim to the store behind */
+	ok(start_purge(inner, b, "cached", &r) != NULL, "cache: purge behind");
+	drain(b);
+	is_int(r.status, STORE_OK, "cache: purged behind");
+	res_reset(&r);
+	ok(store_claim(s, b, &c, on_result, &r) != NULL && r.calls == 0,
+	   "cache: a hit waits for the next turn");
+	store_cache_notified(s, "purge::cached");
+	drain(b);
+	is_int(atomic_load(&r.calls), 1, "cache: answered once");
+	is_int(r.status, STORE_WON, "cache: a hit gone stale is not replayed");
+
+	/* a purge through the cache answers once this process heard it */
+	is_int(complete(s, b, "cached", r.owner, resp, 600000, "cache: again"),
+	       STORE_OK, "cache: completed again");
+	ok(start_purge(s, b, "cached", &r) != NULL, "cache: purge");
+	drain(b);
+	is_int(atomic_load(&r.calls), 0, "cache: the purge waits to hear itself");
+	store_cache_notified(s, "purge::other");
+	run_for(b, 20);
+	is_int(atomic_load(&r.calls), 0, "cache: another key's purge is not it");
+	store_cache_notified(s, "purge::cached");
+	run_until_called(b, &r, 500);
+	is_int(atomic_load(&r.calls), 1, "cache: heard, answered");
+	is_int(r.status, STORE_OK, "cache: it found the record");
+	is_int(do_claim(s, b, &c, &r, "cache: after"), STORE_WON,
+	       "cache: the key is new again");
+
+	/* unheard, it answers after a bounded wait; nobody listening: at once */
+	ok(start_purge(s, b, "cached", &r) != NULL, "cache: unheard purge");
+	t0 = now_s();
+	run_until_called(b, &r, 3000);
+	ok(atomic_load(&r.calls) == 1 && r.at - t0 > 0.9 && r.at - t0 < 2.0,
+	   "cache: an unheard purge answers after about a second (%.3f s)",
+	   r.at - t0);
+	store_cache_listening(s, false);
+	ok(start_purge(s, b, "cached", &r) != NULL, "cache: purge, deaf");
+	drain(b);
+	is_int(atomic_load(&r.calls), 1, "cache: nobody listening, no wait");
+
+	res_reset(&r);
+	stored_response_unref(resp);
+	store_free(s);
+	event_base_free(b);
+}
+
 static void test_misc(void)
 {
 	char o1[STORE_OWNER_LEN + 1], o2[STORE_OWNER_LEN + 1];
@@ -1618,5 +1707,6 @@ int main(void)
 	test_bound();
 	test_misc();
 	test_owner_tokens();
+	test_cache();
 	return tap_done();
 }
