@@ -314,6 +314,10 @@ static void pp_tick(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	evtimer_add(p->tick, &tv);
+	/* no statement connection set up: the schema (a new database) may
+	 * not be there yet, and the server is out of reach anyway */
+	if (atomic_load(&p->s->up) == 0 && p->state <= PP_IDLE)
+		return;
 	if (p->state == PP_DOWN)
 		pp_connect(p);
 	else if (p->state == PP_IDLE)
