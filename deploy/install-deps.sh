@@ -15,6 +15,7 @@ PACKAGES="
   clang libclang-rt-14-dev
   prometheus
   patroni etcd-server
+  pgbouncer
 "
 
 missing=""
@@ -59,6 +60,16 @@ case " $missing " in
   if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now etcd patroni >/dev/null 2>&1 || true
     echo "install-deps: etcd and patroni installed for tests/ha; their services disabled"
+  fi
+  ;;
+esac
+# pgbouncer is for tests/integration/test_pgbouncer.py, which starts its
+# own in front of the tests' PostgreSQL.
+case " $missing " in
+*" pgbouncer "*)
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now pgbouncer >/dev/null 2>&1 || true
+    echo "install-deps: pgbouncer installed for the tests; its service disabled"
   fi
   ;;
 esac

@@ -277,6 +277,9 @@ static void cache_heard(void *arg, enum store_pg_event ev, const char *payload)
 	case STORE_PG_LISTEN_DOWN:
 		store_cache_listening(arg, ev == STORE_PG_LISTEN_UP);
 		return;
+	case STORE_PG_SHARED:
+		store_cache_deaf(arg);
+		return;
 	}
 }
 

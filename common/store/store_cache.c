@@ -59,6 +59,7 @@ struct cache_store {
 	size_t nbuckets, count, bytes;
 	TAILQ_HEAD(, entry) ages;
 	int listening;			/* listeners up; 0: purges unheard */
+	bool deaf;			/* for good: purges may go unheard */
 	atomic_uint global_gen;
 	atomic_uint gens[NGENS];
 };
@@ -187,7 +188,7 @@ static void fill(struct cache_store *cs, const struct cop *o,
 	memcpy(e->fp, o->fp, FP_LEN);
 	e->resp = stored_response_ref(resp);
 	pthread_mutex_lock(&cs->mu);
-	if (cs->listening == 0 ||
+	if (cs->listening == 0 || cs->deaf ||
 	    atomic_load(&cs->global_gen) != o->global_gen ||
 	    gen_of(cs, h) != o->gen) {
 		pthread_mutex_unlock(&cs->mu);
@@ -229,7 +230,7 @@ static enum store_status lookup(struct cache_store *cs, const struct store_key *
 	struct entry **pp;
 
 	pthread_mutex_lock(&cs->mu);
-	if (cs->listening == 0 || cs->count == 0)
+	if (cs->listening == 0 || cs->deaf || cs->count == 0)
 		goto out;
 	pp = find_slot(cs, id, len, h);
 	if (*pp == NULL)
@@ -476,7 +477,7 @@ static void purge_hear(struct cop *o)
 	bool listening;
 
 	pthread_mutex_lock(&cs->mu);
-	listening = cs->listening > 0;
+	listening = cs->listening > 0 && !cs->deaf;
 	pthread_mutex_unlock(&cs->mu);
 	if ((o->res.status != STORE_OK && o->res.status != STORE_ABSENT) ||
 	    !listening || purges_since(o) >= 2)
@@ -694,6 +695,16 @@ void store_cache_listening(struct store *s, bool up)
 	pthread_mutex_lock(&cs->mu);
 	if (up ? cs->listening++ == 0 : --cs->listening == 0)
 		forget_all(cs);	/* purges may have gone unheard */
+	pthread_mutex_unlock(&cs->mu);
+}
+
+void store_cache_deaf(struct store *s)
+{
+	struct cache_store *cs = (struct cache_store *)s;
+
+	pthread_mutex_lock(&cs->mu);
+	cs->deaf = true;
+	forget_all(cs);
 	pthread_mutex_unlock(&cs->mu);
 }
 

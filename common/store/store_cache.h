@@ -44,5 +44,8 @@ struct store *store_cache_new(struct store *inner, uint64_t max_bytes);
  * whether a listener went up or down. */
 void store_cache_notified(struct store *s, const char *payload);
 void store_cache_listening(struct store *s, bool up);
+/* Purges may go unheard whatever the listeners say (a pooler shares their
+ * sessions): nothing is served or kept from now on. */
+void store_cache_deaf(struct store *s);
 
 #endif

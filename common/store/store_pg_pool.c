@@ -426,13 +426,55 @@ static void flush(struct pg_conn *c)
 		arm_io(c, rc == 1 ? EV_READ | EV_WRITE : EV_READ);
 }
 
+/*
+ * The session behind c is not ours alone: a pooler between us and
+ * PostgreSQL hands it to other clients between transactions (pgbouncer's
+ * pool_mode = transaction or statement), or handed it on without a reset.
+ * Prepared statements then go missing or exist already, and a LISTEN
+ * hears for whoever holds the session when a notification comes: purges
+ * go unheard while the response cache replays what they deleted. Said
+ * once as an error, and the cache turns off for good: any listener may be
+ * deaf without knowing. The connections go on as they can (a transaction
+ * is still atomic, and every claim is one).
+ */
+static void session_shared(struct pg_conn *c, const char *seen)
+{
+	struct pg_store *s = c->local->s;
+
+	if (!atomic_exchange(&s->shared, true)) {
+		log_error("postgres store: %s: a pooler between idemproxy and "
+			  "PostgreSQL gives sessions to other clients, or "
+			  "hands them on without a reset; each connection "
+			  "needs a session of its own (pgbouncer: pool_mode = "
+			  "session, server_reset_query = DISCARD ALL; "
+			  "docs/ha.md). The response cache is off until "
+			  "idemproxy restarts", seen);
+		if (s->notify_fn != NULL)
+			s->notify_fn(s->notify_arg, STORE_PG_SHARED, NULL);
+	}
+}
+
+/* SQLSTATE 42P05 duplicate_prepared_statement on a new connection, or
+ * 26000 invalid_sql_statement_name on one that prepared its statements:
+ * either way another client's session. */
+static bool session_not_ours(const PGresult *r)
+{
+	const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+
+	return state != NULL && (strcmp(state, "42P05") == 0 ||
+				 strcmp(state, "26000") == 0);
+}
+
 /* A new connection migrates (idempotent, under the advisory lock) and
- * prepares its statements before it takes work; the listener LISTENs. */
+ * prepares its statements before it takes work; the listener LISTENs and
+ * notes which backend its session is (probes compare). */
 static void run_setup(struct pg_conn *c)
 {
 	c->state = PGC_SETUP;
-	if (!PQsendQuery(c->pg, c->listener ? "LISTEN idemproxy" :
-						 c->local->s->setup_sql)) {
+	c->session_pid = 0;
+	if (!PQsendQuery(c->pg, c->listener ? "LISTEN idemproxy; "
+				"SELECT pg_backend_pid() AS " PG_SESSION_COLUMN :
+				c->local->s->setup_sql)) {
 		conn_fail(c, "setup");
 		return;
 	}
@@ -487,7 +529,8 @@ static void listen_probe(struct pg_conn *c)
 {
 	struct timeval tv = clock_tv(PG_LISTEN_DEADLINE_MS);
 
-	if (!PQsendQuery(c->pg, "SELECT 1")) {
+	if (!PQsendQuery(c->pg, "SELECT pg_backend_pid() AS "
+			 PG_SESSION_COLUMN)) {
 		conn_fail(c, "the listener's probe");
 		return;
 	}
@@ -500,8 +543,14 @@ static void listen_probe_result(struct pg_conn *c, PGresult *r)
 {
 	if (r != NULL) {
 		ExecStatusType st = PQresultStatus(r);
+		bool moved = st == PGRES_TUPLES_OK && PQntuples(r) == 1 &&
+			     c->session_pid != 0 &&
+			     atoi(PQgetvalue(r, 0, 0)) != c->session_pid;
 
 		PQclear(r);
+		if (moved)
+			session_shared(c, "the listener's probe ran in another "
+				       "session than its LISTEN");
 		if (st != PGRES_TUPLES_OK)
 			conn_fail(c, "the listener's probe failed");
 		return;
@@ -951,6 +1000,14 @@ static void setup_result(struct pg_conn *c, PGresult *r)
 		if (st == PGRES_TUPLES_OK && PQnfields(r) == 3 &&
 		    strcmp(PQfname(r, 0), PG_REPLICATION_COLUMN) == 0)
 			check_replication(c, r);
+		if (st == PGRES_TUPLES_OK && PQnfields(r) == 1 &&
+		    PQntuples(r) == 1 &&
+		    strcmp(PQfname(r, 0), PG_SESSION_COLUMN) == 0)
+			c->session_pid = atoi(PQgetvalue(r, 0, 0));
+		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK &&
+		    session_not_ours(r))
+			session_shared(c, "a new connection's session had "
+				       "its statements already");
 		PQclear(r);
 		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
 			conn_fail(c, "setup failed");
@@ -1107,6 +1164,8 @@ static void batch_result(struct pg_conn *c, PGresult *r)
 		c->batch_failed = true;
 		if (read_only(r))
 			c->read_only = true;	/* conn_fail says it, once */
+		if (session_not_ours(r))
+			session_shared(c, "a prepared statement was missing");
 		if (o != NULL && o->result == NULL && !o->stmt_failed) {
 			o->stmt_failed = true;
 			if (!c->read_only)
@@ -1151,6 +1210,11 @@ static void drain_results(struct pg_conn *c)
 	while (c->pg != NULL && (n = PQnotifies(c->pg)) != NULL) {
 		notified(c->local, n->extra);
 		PQfreemem(n);
+		/* a statement connection never LISTENs: another client did
+		 * in this session */
+		if (!c->listener)
+			session_shared(c, "a statement connection heard a "
+				       "notification");
 	}
 	if (c->pg != NULL && c->state == PGC_IDLE && !c->listener)
 		dispatch(c->local);

@@ -32,6 +32,7 @@
  * name, and how often its warning may repeat. */
 #define PG_REPLICATION_COLUMN "idemproxy_replication"
 #define PG_ASYNC_LOG_MS (10 * 60 * 1000)
+#define PG_SESSION_COLUMN "idemproxy_listener"	/* its backend, in setup and probes */
 #define PG_SWEEP_BATCH 1000
 #define PG_CLAIM_RETRIES 5	/* the record changed under the statement */
 #define PG_STMT_ERRORS 3	/* a statement failing on its own */
@@ -145,6 +146,7 @@ struct pg_conn {
 	bool unacked;			/* the batch's commit: the synchronous
 					 * standby's wait was cancelled */
 	bool read_only;			/* the batch hit a read-only server */
+	int session_pid;		/* listener: pg_backend_pid() at LISTEN */
 	struct event *io;
 	int io_fd;			/* what io watches, and for what */
 	short io_what;
@@ -195,6 +197,8 @@ struct pg_store {
 	int conns_per_thread;
 	atomic_int up;			/* connections up, all threads */
 	atomic_bool down_logged;
+	atomic_bool shared;		/* a pooler shares sessions: said, and
+					 * the cache told (STORE_PG_SHARED) */
 	_Atomic uint64_t async_logged_ms;	/* check_replication() */
 	pthread_mutex_t mu;
 	struct pg_local *locals;

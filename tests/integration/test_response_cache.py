@@ -30,12 +30,13 @@ def cache_hits(p):
 
 def wait_listening(p, pg_db, n=1, timeout=10.0):
     """The cache serves only while a listener hears purges: wait until the
-    proxy's LISTEN connections are in pg_stat_activity."""
+    proxy's LISTEN connections are in pg_stat_activity (their setup and
+    their probes name the column idemproxy_listener)."""
     deadline = time.monotonic() + timeout
     while True:
         got = int(pg_db.psql(
             "select count(*) from pg_stat_activity where datname = "
-            "current_database() and query = 'LISTEN idemproxy'"))
+            "current_database() and query like '%AS idemproxy_listener'"))
         if got >= n:
             return
         assert time.monotonic() < deadline, "no LISTEN connection"

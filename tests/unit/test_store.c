@@ -5,7 +5,7 @@
  * the table under load: keys chosen to collide, doubling while in use,
  * bounded work at the byte cap. Last, the response cache in front of it
  * (store_cache.c): a hit a purge made stale, a purge that waits to hear
- * itself.
+ * itself, a cache told it may be deaf.
  *
  * A fake clock drives lease and TTL decisions; a real event_base delivers
  * the callbacks (no sockets). Every call is checked not to run its callback
@@ -1659,6 +1659,25 @@ static void test_cache(void)
 	ok(start_purge(s, b, "cached", &r) != NULL, "cache: purge, deaf");
 	drain(b);
 	is_int(atomic_load(&r.calls), 1, "cache: nobody listening, no wait");
+
+	/* deaf for good (a pooler shares the sessions): nothing is served,
+	 * whatever the listeners say */
+	store_cache_listening(s, true);
+	is_int(do_claim(s, b, &c, &r, "cache: deaf"), STORE_WON,
+	       "cache: a key to keep");
+	is_int(complete(s, b, "cached", r.owner, resp, 600000, "cache: kept"),
+	       STORE_OK, "cache: kept");
+	store_cache_deaf(s);
+	ok(start_purge(inner, b, "cached", &r) != NULL, "cache: purged behind");
+	drain(b);
+	is_int(do_claim(s, b, &c, &r, "cache: deaf claim"), STORE_WON,
+	       "cache: deaf, the copy is not served");
+	is_int(complete(s, b, "cached", r.owner, resp, 600000, "cache: not kept"),
+	       STORE_OK, "cache: completed");
+	ok(start_purge(inner, b, "cached", &r) != NULL, "cache: behind again");
+	drain(b);
+	is_int(do_claim(s, b, &c, &r, "cache: deaf again"), STORE_WON,
+	       "cache: deaf, nothing was kept");
 
 	res_reset(&r);
 	stored_response_unref(resp);

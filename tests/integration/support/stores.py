@@ -1,6 +1,8 @@
 """PostgreSQL 15 and Redis started by the tests in a temp dir (issue 4
 "Tests"); the fixtures pg_server, pg_db, redis_server and redis in
-conftest.py hold them. Every server is stopped by PID (.shutdown()).
+conftest.py hold them. A pgbouncer in front of the PostgreSQL (Bouncer)
+for the tests that need one. Every server is stopped by PID
+(.shutdown()).
 """
 import os
 import pwd
@@ -18,6 +20,9 @@ REDIS_BIN = os.environ.get("REDIS_SERVER_BIN",
                            shutil.which("redis-server") or
                            "/usr/bin/redis-server")
 PSQL_BIN = os.path.join(PG_BINDIR, "psql")
+PGBOUNCER_BIN = os.environ.get("PGBOUNCER_BIN",
+                               shutil.which("pgbouncer") or
+                               "/usr/sbin/pgbouncer")
 
 
 class PgServer:
@@ -315,3 +320,87 @@ class RedisServer:
     def shutdown(self):
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Bouncer:
+    """A pgbouncer in front of server (a PgServer), every database name
+    passed through, trust auth, in pool_mode mode with pool_size server
+    connections per database. As root it runs as the postgres user (it
+    refuses root). kill() and start() keep the port."""
+
+    def __init__(self, server, mode, pool_size=20):
+        self.base = tempfile.mkdtemp(prefix="ibnc", dir="/tmp")
+        self.port = free_port()
+        self.log_path = os.path.join(self.base, "pgbouncer.log")
+        self.ini = os.path.join(self.base, "pgbouncer.ini")
+        self.proc = None
+        with open(os.path.join(self.base, "users.txt"), "w") as f:
+            f.write('"postgres" ""\n')
+        with open(self.ini, "w") as f:
+            f.write(f"""[databases]
+* = host=127.0.0.1 port={server.port} user=postgres
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {self.port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {self.base}/users.txt
+pool_mode = {mode}
+default_pool_size = {pool_size}
+max_client_conn = 500
+logfile = {self.log_path}
+""")
+        self.as_pg = []
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            for name in [""] + os.listdir(self.base):
+                os.chown(os.path.join(self.base, name), pw.pw_uid,
+                         pw.pw_gid)
+            self.as_pg = ["runuser", "-u", "postgres", "--"]
+        self.start()
+
+    def start(self):
+        """Start on the port; returns once it accepts."""
+        self.proc = subprocess.Popen(self.as_pg + [PGBOUNCER_BIN, self.ini],
+                                     cwd="/", env=clean_env(),
+                                     stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or \
+                        time.monotonic() > deadline:
+                    raise RuntimeError("pgbouncer did not start: " +
+                                       read_text(self.log_path)[-2000:])
+                time.sleep(0.05)
+
+    def _pid(self):
+        """pgbouncer itself (runuser forks it as its only child)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/"
+                      "children") as f:
+                kids = f.read().split()
+            return int(kids[0]) if kids else self.proc.pid
+        except OSError:
+            return self.proc.pid
+
+    def kill(self):
+        """SIGKILL: every client and server connection cut at once."""
+        os.kill(self._pid(), signal.SIGKILL)
+        self.proc.wait(10)
+
+    def url(self, db):
+        return f"postgres://postgres@127.0.0.1:{self.port}/{db}"
+
+    def shutdown(self):
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.kill(self._pid(), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+        shutil.rmtree(self.base, ignore_errors=True)
