@@ -40,6 +40,8 @@
 #define PARTS_TICK_MAX_MS 10000
 #define PARTS_STEPS_MAX 32		/* partitions dropped in one round */
 #define PARTS_LOCK_MS 5000		/* the longest a step waits */
+#define PARTS_STMT_MS 30000		/* a plan or step still running then:
+					 * the server cannot commit */
 
 enum pp_state {
 	PP_DOWN,
@@ -61,6 +63,8 @@ struct pg_parts {
 	PGconn *pg;
 	struct event *io, *tick;
 	enum pp_state state;
+	int host;			/* s->hosts index pg is connected to */
+	uint64_t sent_ms;		/* PLAN, STEP: when it was sent */
 	uint64_t tick_ms;
 	bool failing;			/* a failure was logged */
 	struct pp_step steps[2 * PARTS_STEPS_MAX];
@@ -113,6 +117,7 @@ static void pp_connect(struct pg_parts *p)
 		return;
 	}
 	p->pg = PQconnectStartParams(h->keywords, values, 0);
+	p->host = host >= 0 ? host : 0;
 	free(values);
 	if (p->pg == NULL || PQstatus(p->pg) == CONNECTION_BAD) {
 		pp_fail(p, "cannot connect");
@@ -129,6 +134,7 @@ static void pp_send(struct pg_parts *p, const char *sql)
 		pp_fail(p, "cannot send");
 		return;
 	}
+	p->sent_ms = clock_ms();
 	pp_arm(p, EV_READ);
 	if (PQflush(p->pg) == 1)
 		pp_arm(p, EV_READ | EV_WRITE);
@@ -306,6 +312,28 @@ static void pp_io_cb(evutil_socket_t fd, short what, void *arg)
 		pp_read(p);
 }
 
+/*
+ * Lock waits end at PARTS_LOCK_MS, so a statement still running long
+ * after is stuck where no timeout reaches: a commit waiting for a
+ * synchronous standby that is not coming (a primary that lost its role
+ * without knowing it, docs/ha.md), a flow dropped without a reset that
+ * keepalives do not see (a proxy in between answers them). The
+ * connection goes, and so does one
+ * to a host that is no longer the statement connections' primary; the
+ * next tick connects to the one they use. A detach cut here is finished
+ * by the next plan.
+ */
+static void pp_check(struct pg_parts *p)
+{
+	int primary = atomic_load(&p->s->primary);
+
+	if ((p->state == PP_PLAN || p->state == PP_STEP) &&
+	    clock_ms() - p->sent_ms >= PARTS_STMT_MS)
+		pp_fail(p, "a statement did not end in 30 s");
+	else if (p->state >= PP_IDLE && primary >= 0 && primary != p->host)
+		pp_fail(p, "the primary moved");
+}
+
 static void pp_tick(evutil_socket_t fd, short what, void *arg)
 {
 	struct pg_parts *p = arg;
@@ -318,6 +346,7 @@ static void pp_tick(evutil_socket_t fd, short what, void *arg)
 	 * not be there yet, and the server is out of reach anyway */
 	if (atomic_load(&p->s->up) == 0 && p->state <= PP_IDLE)
 		return;
+	pp_check(p);
 	if (p->state == PP_DOWN)
 		pp_connect(p);
 	else if (p->state == PP_IDLE)

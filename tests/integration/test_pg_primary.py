@@ -361,6 +361,51 @@ def test_stale_primary_never_answers_not_ours(make_proxy, stub, pg_db,
         relay.close()
 
 
+def test_partition_maintenance_outlives_a_statement_that_never_ends(
+        make_proxy, stub, pg_db):
+    """Partition maintenance runs on a connection of its own, whose lock
+    waits end at 5 s. A statement can still hang where no timeout reaches:
+    a commit waiting for a synchronous standby that never comes (a primary
+    that lost its role without knowing it, docs/ha.md), or a flow a NAT
+    dropped without a reset, which TCP keepalives do not notice behind a
+    proxy that answers them. Maintenance then hung for good: no partition
+    dropped again, the table growing. It now gives a statement 30 s, then
+    connects again.
+
+    2-s partitions (--ttl 1s): one is dropped every few seconds. The relay
+    turns maintenance's connection into a black hole; the statement
+    connections are left alone."""
+    relay = Relay(pg_db.server.port)
+    try:
+        p = make_proxy("--store", f"postgres://postgres@127.0.0.1:"
+                       f"{relay.port}/{pg_db.name}", "--ttl", "1s",
+                       "--response-cache", "0")
+        wait_readyz(p, 200)
+
+        def dropped():
+            return metric_value(
+                p.metrics(), "idemproxy_sweep_partitions_dropped_total") or 0
+
+        def wait_dropped(more_than, timeout):
+            deadline = time.monotonic() + timeout
+            while dropped() <= more_than:
+                assert time.monotonic() < deadline, p.log()[-3000:]
+                r = keyed_post(p.port, f"part-{time.monotonic()}", b"{}",
+                               "/orders")
+                assert r.status == 200, r
+                time.sleep(0.5)
+
+        wait_dropped(0, 30)
+        plan = b"; SELECT action, part, n FROM idemproxy_parts_plan("
+        assert relay.cut(plan) == 1
+        before = dropped()
+        wait_dropped(before, 60)
+        assert "partition maintenance: a statement did not end in 30 s" \
+            in p.log()
+    finally:
+        relay.close()
+
+
 def test_host_that_timed_out_loses_ties(make_proxy, stub, pg_db, private_pg):
     """Two hosts accept writes, and commits on one of them never return (a
     stale primary beside the promoted one). Once a statement timed out

@@ -2,11 +2,14 @@
 """A soak of idemproxy with a history checker (issue 11, "Keep it hardened").
 
     soak.py [--duration 60] [--seed N] [--instances 3] [--clients 8]
-            [--faults KIND,...] [--no-redis] [--keep] [--negative-control]
+            [--faults KIND,...] [--no-redis] [--pgbouncer] [--keep]
+            [--negative-control]
 
 Starts, all on 127.0.0.1 with free ports, in a temp dir:
   - a private PostgreSQL 15 and a Redis (tests/integration/support/stores.py;
-    --no-redis: PostgreSQL alone, and no Redis faults)
+    --no-redis: PostgreSQL alone, and no Redis faults; --pgbouncer: the
+    instances reach it through a pgbouncer in session mode, which the
+    faults also SIGKILL and SIGSTOP)
   - the recording upstream (upstream.py): one line per execution
   - N idemproxy instances (IDEMPROXY_BIN, default build-test/proxy/idemproxy)
     sharing the PostgreSQL database and the Redis, with a short --lease (3s),
@@ -42,7 +45,8 @@ operations, keys and behaviours; the interleaving is the machine's.
 --faults narrows the cycle to some kinds (kill, stop, pg-immediate,
 pg-fast, pg-terminate, redis-kill, redis-flush, pg-long, pg-pause: every
 PostgreSQL process SIGSTOPped for 6 s, redis-pause: Redis SIGSTOPped for
-3 s). A finding that
+3 s; with --pgbouncer, bouncer-kill: pgbouncer SIGKILLed, started again
+1 s later, and bouncer-pause: SIGSTOPped for 6 s). A finding that
 depends on timing gets a deterministic reproduction of its own
 (stall_repro.py).
 """
@@ -67,7 +71,7 @@ sys.path.insert(0, HERE)
 from support.http import RawConn, build_request, http_get  # noqa: E402
 from support.procs import (clean_env, free_port,  # noqa: E402
                            metric_value, read_text, sanitizer_report)
-from support.stores import PgServer, RedisServer  # noqa: E402
+from support.stores import Bouncer, PgServer, RedisServer  # noqa: E402
 
 import check  # noqa: E402
 from upstream import fingerprint  # noqa: E402
@@ -448,8 +452,10 @@ class Client(threading.Thread):
 FAULT_CYCLE = ("kill", "stop", "pg-immediate", "pg-fast", "pg-terminate",
                "redis-kill", "redis-flush", "pg-long", "pg-pause",
                "redis-pause")
+BOUNCER_FAULTS = ("bouncer-kill", "bouncer-pause")     # with --pgbouncer
 PG_PAUSE_S = 6.0        # past a request's 5 s store deadline and the lease
 REDIS_PAUSE_S = 3.0
+BOUNCER_POOL = 60       # server connections: every instance's, and spare
 
 
 def schedule(duration, n_instances, rng, kinds=FAULT_CYCLE):
@@ -472,12 +478,13 @@ def schedule(duration, n_instances, rng, kinds=FAULT_CYCLE):
 
 
 class Faults(threading.Thread):
-    def __init__(self, soak, plan, pg, redis, t_start):
+    def __init__(self, soak, plan, pg, redis, bouncer, t_start):
         super().__init__(name="faults", daemon=True)
         self.soak = soak
         self.plan = plan
         self.pg = pg
         self.redis = redis
+        self.bouncer = bouncer
         self.t_start = t_start
         self.out = open(os.path.join(soak.workdir, "faults.jsonl"), "w",
                         encoding="utf-8")
@@ -539,12 +546,17 @@ class Faults(threading.Thread):
             self.redis.start()
         elif kind == "redis-flush":
             self.redis.cmd("FLUSHALL")
-        elif kind in ("pg-pause", "redis-pause"):
-            server = self.pg if kind == "pg-pause" else self.redis
+        elif kind == "bouncer-kill":
+            self.bouncer.kill()
+            time.sleep(1.0)
+            self.bouncer.start()
+        elif kind in ("pg-pause", "redis-pause", "bouncer-pause"):
+            server = {"pg-pause": self.pg, "redis-pause": self.redis,
+                      "bouncer-pause": self.bouncer}[kind]
             server.pause()
             try:
-                time.sleep(PG_PAUSE_S if kind == "pg-pause" else
-                           REDIS_PAUSE_S)
+                time.sleep(REDIS_PAUSE_S if kind == "redis-pause" else
+                           PG_PAUSE_S)
             finally:
                 server.resume()
         self.note(kind, name, t, time.time())
@@ -581,11 +593,13 @@ def run(args):
     rng = random.Random(seed)
     cycle = tuple(k for k in FAULT_CYCLE
                   if not (args.no_redis and k.startswith("redis-")))
+    cycle += BOUNCER_FAULTS if args.pgbouncer else ()
     kinds = tuple(args.faults.split(",")) if args.faults else cycle
     for k in kinds:
         if k not in cycle:
-            log(f"--faults: unknown fault {k!r}"
-                f"{' (--no-redis)' if k in FAULT_CYCLE else ''}; known: "
+            why = " (--no-redis)" if k in FAULT_CYCLE else \
+                " (without --pgbouncer)" if k in BOUNCER_FAULTS else ""
+            log(f"--faults: unknown fault {k!r}{why}; known: "
                 f"{','.join(cycle)}")
             return 2
     plan = schedule(args.duration, args.instances, rng, kinds)
@@ -593,12 +607,14 @@ def run(args):
     log(f"seed {seed}, {args.duration:g} s, {args.instances} instances, "
         f"{args.clients} clients, lease {LEASE_S:g}s, upstream timeout "
         f"{UPSTREAM_TIMEOUT_S:g}s, ttl {TTL_S:g}s, "
-        f"{'PostgreSQL only' if args.no_redis else 'PostgreSQL + Redis'}; "
+        f"{'PostgreSQL only' if args.no_redis else 'PostgreSQL + Redis'}"
+        f"{' behind pgbouncer' if args.pgbouncer else ''}; "
         f"history in {workdir}")
     log("fault schedule: " + ", ".join(
         f"+{o:g}s {k}{'' if i is None else ' i%d' % i}" for o, k, i in plan))
     extra = ([f"--faults={args.faults}"] if args.faults else []) + \
-        (["--no-redis"] if args.no_redis else [])
+        (["--no-redis"] if args.no_redis else []) + \
+        (["--pgbouncer"] if args.pgbouncer else [])
     env = f"SOAK_ARGS='{' '.join(extra)}' " if extra else ""
     log(f"reproduce: {env}tests/soak/run.sh {args.duration:g} {seed}")
     config = {"seed": seed, "duration_s": args.duration,
@@ -606,28 +622,31 @@ def run(args):
               "lease_s": LEASE_S, "upstream_timeout_s": UPSTREAM_TIMEOUT_S,
               "ttl_s": TTL_S, "wait_timeout_s": WAIT_TIMEOUT_S,
               "slots": SLOTS, "negative_control": args.negative_control,
-              "redis": not args.no_redis,
+              "redis": not args.no_redis, "pgbouncer": args.pgbouncer,
               "binary": IDEMPROXY_BIN, "faults": list(kinds),
               "plan": plan}
     with open(os.path.join(workdir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
 
-    pg = redis = up = None
+    pg = redis = up = bouncer = None
     metrics = {}
     soak = Soak(args, workdir)
     problems = []
     try:
         pg = PgServer()
         pg.psql("create database soak")
+        if args.pgbouncer:
+            bouncer = Bouncer(pg, "session", BOUNCER_POOL)
         if not args.no_redis:
             redis = RedisServer()
         up = Upstream(workdir)
+        url = (bouncer or pg).url("soak")
         if args.negative_control:
             store = ["--store", "memory"]
         elif args.no_redis:
-            store = ["--store", pg.url("soak")]
+            store = ["--store", url]
         else:
-            store = ["--store", pg.url("soak"), "--redis", redis.url]
+            store = ["--store", url, "--redis", redis.url]
         flags = ["--upstream", up.url, "--workers", "2", *store,
                  "--lease", f"{LEASE_S:g}s",
                  "--upstream-timeout", f"{UPSTREAM_TIMEOUT_S:g}s",
@@ -646,7 +665,7 @@ def run(args):
         clients = [Client(soak, n, seed * 1000 + n)
                    for n in range(args.clients)]
         faults = Faults(soak, [] if args.negative_control else plan,
-                        pg, redis, t_start)
+                        pg, redis, bouncer, t_start)
         for c in clients:
             c.start()
         faults.start()
@@ -717,6 +736,8 @@ def run(args):
             up.stop()
         if redis is not None:
             redis.shutdown()
+        if bouncer is not None:
+            bouncer.shutdown()
         if pg is not None:
             try:        # kept with the history (a failing run's evidence)
                 shutil.copy(pg.log_path, os.path.join(workdir, "pg.log"))
@@ -767,6 +788,10 @@ def main():
     ap.add_argument("--negative-control", action="store_true")
     ap.add_argument("--no-redis", action="store_true",
                     help="PostgreSQL alone, no --redis (and no Redis faults)")
+    ap.add_argument("--pgbouncer", action="store_true",
+                    help="the instances reach PostgreSQL through a pgbouncer "
+                    "(session mode); adds the faults " +
+                    ",".join(BOUNCER_FAULTS))
     ap.add_argument("--faults", help="only these fault kinds, comma-"
                     "separated (default: all of " + ",".join(FAULT_CYCLE) +
                     ")")

@@ -325,8 +325,10 @@ class RedisServer:
 class Bouncer:
     """A pgbouncer in front of server (a PgServer), every database name
     passed through, trust auth, in pool_mode mode with pool_size server
-    connections per database. As root it runs as the postgres user (it
-    refuses root). kill() and start() keep the port."""
+    connections per database. It retries a failed server login after 1 s
+    (the default, 15 s, would hold every client that long after a
+    PostgreSQL restart). As root it switches to the postgres user itself
+    (-u; it refuses to run as root). kill() and start() keep the port."""
 
     def __init__(self, server, mode, pool_size=20):
         self.base = tempfile.mkdtemp(prefix="ibnc", dir="/tmp")
@@ -349,20 +351,21 @@ auth_file = {self.base}/users.txt
 pool_mode = {mode}
 default_pool_size = {pool_size}
 max_client_conn = 500
+server_login_retry = 1
 logfile = {self.log_path}
 """)
-        self.as_pg = []
+        self.user = []
         if os.geteuid() == 0:
             pw = pwd.getpwnam("postgres")
             for name in [""] + os.listdir(self.base):
                 os.chown(os.path.join(self.base, name), pw.pw_uid,
                          pw.pw_gid)
-            self.as_pg = ["runuser", "-u", "postgres", "--"]
+            self.user = ["-u", "postgres"]
         self.start()
 
     def start(self):
         """Start on the port; returns once it accepts."""
-        self.proc = subprocess.Popen(self.as_pg + [PGBOUNCER_BIN, self.ini],
+        self.proc = subprocess.Popen([PGBOUNCER_BIN, *self.user, self.ini],
                                      cwd="/", env=clean_env(),
                                      stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
@@ -378,29 +381,25 @@ logfile = {self.log_path}
                                        read_text(self.log_path)[-2000:])
                 time.sleep(0.05)
 
-    def _pid(self):
-        """pgbouncer itself (runuser forks it as its only child)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/"
-                      "children") as f:
-                kids = f.read().split()
-            return int(kids[0]) if kids else self.proc.pid
-        except OSError:
-            return self.proc.pid
-
     def kill(self):
         """SIGKILL: every client and server connection cut at once."""
-        os.kill(self._pid(), signal.SIGKILL)
+        self.proc.kill()
         self.proc.wait(10)
+
+    def pause(self):
+        """SIGSTOP: connections stay open and nothing moves (a frozen
+        pooler)."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        self.proc.send_signal(signal.SIGCONT)
 
     def url(self, db):
         return f"postgres://postgres@127.0.0.1:{self.port}/{db}"
 
     def shutdown(self):
         if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.kill(self._pid(), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            self.resume()
+            self.proc.kill()
             self.proc.wait(10)
         shutil.rmtree(self.base, ignore_errors=True)
