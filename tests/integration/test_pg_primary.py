@@ -307,6 +307,14 @@ def stale_beside(pg_db, private_pg):
     private_pg.psql("select pg_reload_conf()")
 
 
+def through(make_proxy, relay, pg_db, *flags):
+    """A proxy whose store is pg_db reached through relay, once ready."""
+    p = make_proxy("--store", f"postgres://postgres@127.0.0.1:{relay.port}/"
+                   f"{pg_db.name}", *flags)
+    wait_readyz(p, 200)
+    return p
+
+
 def test_stale_primary_never_answers_not_ours(make_proxy, stub, pg_db,
                                               private_pg):
     """A stale primary: a node whose Patroni died keeps running as a
@@ -328,10 +336,8 @@ def test_stale_primary_never_answers_not_ours(make_proxy, stub, pg_db,
     stale_beside(pg_db, private_pg)
     relay = Relay(pg_db.server.port)
     try:
-        p = make_proxy("--store", f"postgres://postgres@127.0.0.1:"
-                       f"{relay.port}/{pg_db.name}", "--lease", "3s",
-                       "--upstream-timeout", "2s")
-        wait_readyz(p, 200)
+        p = through(make_proxy, relay, pg_db, "--lease", "3s",
+                    "--upstream-timeout", "2s")
         with concurrent.futures.ThreadPoolExecutor(1) as ex:
             first = ex.submit(keyed_post, p.port, "stale-1", b"{}",
                               "/orders?delay_ms=1500")
@@ -377,10 +383,8 @@ def test_partition_maintenance_outlives_a_statement_that_never_ends(
     connections are left alone."""
     relay = Relay(pg_db.server.port)
     try:
-        p = make_proxy("--store", f"postgres://postgres@127.0.0.1:"
-                       f"{relay.port}/{pg_db.name}", "--ttl", "1s",
-                       "--response-cache", "0")
-        wait_readyz(p, 200)
+        p = through(make_proxy, relay, pg_db, "--ttl", "1s",
+                    "--response-cache", "0")
 
         def dropped():
             return metric_value(
