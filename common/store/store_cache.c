@@ -87,6 +87,7 @@ struct cop {
 	struct store_claim claim;	/* claim: re-sent if a hit goes stale */
 	uint8_t fp[FP_LEN];
 	uint64_t start_ms;
+	uint64_t hash;			/* of the key's id */
 	unsigned global_gen, gen;	/* at the start */
 	struct stored_response *resp;	/* complete: our reference */
 	uint64_t ttl_ms;
@@ -281,19 +282,17 @@ static struct cop *cop_new(struct cache_store *cs, struct event_base *base,
 	o->key = *k;
 	o->start_ms = clock_ms();
 	o->global_gen = atomic_load(&cs->global_gen);
-	o->gen = gen_of(cs, store_id_hash(id, store_key_id(k, id)));
+	o->hash = store_id_hash(id, store_key_id(k, id));
+	o->gen = gen_of(cs, o->hash);
 	return o;
 }
 
 /* Purges of o's key heard since o started (its own purge included). */
 static unsigned purges_since(const struct cop *o)
 {
-	char id[STORE_ID_MAX];
-	uint64_t h = store_id_hash(id, store_key_id(&o->key, id));
-
 	if (atomic_load(&o->cs->global_gen) != o->global_gen)
 		return UINT_MAX;
-	return gen_of(o->cs, h) - o->gen;
+	return gen_of(o->cs, o->hash) - o->gen;
 }
 
 static void claim_inner_cb(void *arg, const struct store_result *res);
