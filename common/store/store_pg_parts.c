@@ -63,7 +63,6 @@ struct pg_parts {
 	PGconn *pg;
 	struct event *io, *tick;
 	enum pp_state state;
-	int host;			/* s->hosts index pg is connected to */
 	uint64_t sent_ms;		/* PLAN, STEP: when it was sent */
 	uint64_t tick_ms;
 	bool failing;			/* a failure was logged */
@@ -117,7 +116,6 @@ static void pp_connect(struct pg_parts *p)
 		return;
 	}
 	p->pg = PQconnectStartParams(h->keywords, values, 0);
-	p->host = host >= 0 ? host : 0;
 	free(values);
 	if (p->pg == NULL || PQstatus(p->pg) == CONNECTION_BAD) {
 		pp_fail(p, "cannot connect");
@@ -318,20 +316,16 @@ static void pp_io_cb(evutil_socket_t fd, short what, void *arg)
  * synchronous standby that is not coming (a primary that lost its role
  * without knowing it, docs/ha.md), a flow dropped without a reset that
  * keepalives do not see (a proxy in between answers them). The
- * connection goes, and so does one
- * to a host that is no longer the statement connections' primary; the
- * next tick connects to the one they use. A detach cut here is finished
- * by the next plan.
+ * connection goes; the next tick connects where the statement
+ * connections last committed (by then, not there). A detach cut here is
+ * finished by the next plan. A connection on another host than theirs is
+ * left alone otherwise: two poolers of one primary look just the same.
  */
 static void pp_check(struct pg_parts *p)
 {
-	int primary = atomic_load(&p->s->primary);
-
 	if ((p->state == PP_PLAN || p->state == PP_STEP) &&
 	    clock_ms() - p->sent_ms >= PARTS_STMT_MS)
 		pp_fail(p, "a statement did not end in 30 s");
-	else if (p->state >= PP_IDLE && primary >= 0 && primary != p->host)
-		pp_fail(p, "the primary moved");
 }
 
 static void pp_tick(evutil_socket_t fd, short what, void *arg)
