@@ -32,7 +32,9 @@
  * name, and how often its warning may repeat. */
 #define PG_REPLICATION_COLUMN "idemproxy_replication"
 #define PG_ASYNC_LOG_MS (10 * 60 * 1000)
-#define PG_SESSION_COLUMN "idemproxy_listener"	/* its backend, in setup and probes */
+/* The listener's backend, in its setup and its probes (and so in
+ * pg_stat_activity). */
+#define PG_SESSION_COLUMN "idemproxy_listener"
 #define PG_SWEEP_BATCH 1000
 #define PG_CLAIM_RETRIES 5	/* the record changed under the statement */
 #define PG_STMT_ERRORS 3	/* a statement failing on its own */
