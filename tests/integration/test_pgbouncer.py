@@ -66,7 +66,8 @@ def post_until_answered(port, key, timeout=20.0):
 
 
 def test_session_pooling(bouncer, make_proxy, stub, pg_db, token_file):
-    b = bouncer("session")
+    # every connection the two instances may open (2 x 13), and spare
+    b = bouncer("session", pool_size=40)
     url = b.url(pg_db.name)
     one = start(make_proxy, token_file, url, "one", 2)
     two = start(make_proxy, token_file, url, "two", 2)
