@@ -172,7 +172,7 @@ static void fill(struct cache_store *cs, const struct cop *o,
 {
 	char id[STORE_ID_MAX];
 	size_t len = store_key_id(&o->key, id);
-	uint64_t h = store_id_hash(id, len);
+	uint64_t h = o->hash;
 	size_t bytes = ENTRY_OVERHEAD + len + resp->head_len + resp->body_len;
 	struct entry *e, **pp;
 
@@ -217,16 +217,16 @@ static void fill(struct cache_store *cs, const struct cop *o,
 }
 
 /*
- * Look k up. A live entry: STORE_COMPLETED with a reference in *resp, or
- * STORE_MISMATCH; an expired one is dropped. Otherwise STORE_ERROR (miss).
+ * Look o's key up. A live entry with o's fingerprint: STORE_COMPLETED
+ * with a reference in *resp; with another one: STORE_MISMATCH; an expired
+ * one is dropped. Otherwise STORE_ERROR (miss).
  */
-static enum store_status lookup(struct cache_store *cs, const struct store_key *k,
-				const uint8_t fp[FP_LEN],
+static enum store_status lookup(struct cache_store *cs, const struct cop *o,
 				struct stored_response **resp, uint64_t *ttl_left)
 {
 	char id[STORE_ID_MAX];
-	size_t len = store_key_id(k, id);
-	uint64_t h = store_id_hash(id, len), now = clock_ms();
+	size_t len = store_key_id(&o->key, id);
+	uint64_t h = o->hash, now = clock_ms();
 	enum store_status st = STORE_ERROR;
 	struct entry **pp;
 
@@ -241,7 +241,7 @@ static enum store_status lookup(struct cache_store *cs, const struct store_key *
 		publish_size(cs);
 		goto out;
 	}
-	if (memcmp((*pp)->fp, fp, FP_LEN) != 0) {
+	if (memcmp((*pp)->fp, o->fp, FP_LEN) != 0) {
 		st = STORE_MISMATCH;
 		goto out;
 	}
@@ -348,7 +348,7 @@ static struct store_op *cache_claim(struct store *s, struct event_base *base,
 		return NULL;
 	o->claim = *c;
 	memcpy(o->fp, c->fp, FP_LEN);
-	o->res.status = lookup(cs, &c->key, c->fp, &o->res.resp,
+	o->res.status = lookup(cs, o, &o->res.resp,
 			       &o->res.ttl_left_ms);
 	if (o->res.status != STORE_ERROR) {
 		/* answered here: on the next loop turn, never inside the call */
@@ -413,7 +413,7 @@ static void own_copy(struct cache_store *cs, struct cop *o, bool forget)
 	struct store_record *rec = &o->res.rec;
 	char id[STORE_ID_MAX];
 	size_t len = store_key_id(&o->key, id);
-	uint64_t h = store_id_hash(id, len), now = clock_ms();
+	uint64_t h = o->hash, now = clock_ms();
 	struct entry **pp, *e;
 
 	pthread_mutex_lock(&cs->mu);

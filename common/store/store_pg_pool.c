@@ -1004,13 +1004,13 @@ static void setup_result(struct pg_conn *c, PGresult *r)
 		    PQntuples(r) == 1 &&
 		    strcmp(PQfname(r, 0), PG_SESSION_COLUMN) == 0)
 			c->session_pid = atoi(PQgetvalue(r, 0, 0));
-		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK &&
-		    session_not_ours(r))
-			session_shared(c, "a new connection's session had "
-				       "its statements already");
-		PQclear(r);
-		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+		if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+			if (session_not_ours(r))
+				session_shared(c, "a new connection's session "
+					       "had its statements already");
 			conn_fail(c, "setup failed");
+		}
+		PQclear(r);
 		return;
 	}
 	/* the setup is over: statement connections work in pipelines */

@@ -399,7 +399,6 @@ logfile = {self.log_path}
 
     def shutdown(self):
         if self.proc is not None and self.proc.poll() is None:
-            self.resume()
-            self.proc.kill()
-            self.proc.wait(10)
+            self.resume()       # a stopped one dies only once continued
+            self.kill()
         shutil.rmtree(self.base, ignore_errors=True)
