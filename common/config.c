@@ -154,12 +154,18 @@ static const struct config_opt options[] = {
 	  .help = "how long a completed response is kept and replayed" },
 	{ .name = "lease", .syn = SYNTAX_DURATION(1), .off = F(lease_ms),
 	  .def = "30s", .metavar = "DUR",
-	  .help = "an in-flight claim whose owner is silent this long is taken "
-		  "over; must be longer than --upstream-timeout" },
+	  .help = "an in-flight claim whose owner is silent this long has an "
+		  "unknown outcome; must be longer than --upstream-timeout" },
 	{ .name = "upstream-timeout", .syn = SYNTAX_DURATION(1),
 	  .off = F(upstream_timeout_ms), .def = "20s", .metavar = "DUR",
-	  .help = "wait for the upstream's response head, and for each gap "
-		  "while reading its response" },
+	  .help = "wait for the upstream's response head (then the client gets "
+		  "504 and a keyed exchange goes on), and for each gap while "
+		  "reading its response" },
+	{ .name = "upstream-deadline", .syn = SYNTAX_DURATION(1),
+	  .off = F(upstream_deadline_ms), .def = "5m", .metavar = "DUR",
+	  .help = "how long a keyed request's late response is awaited after "
+		  "the request was sent, to be stored and replayed; then its "
+		  "outcome is unknown" },
 	{ .name = "max-body", .syn = SYNTAX_SIZE(1, GIB), .off = F(max_body),
 	  .def = "1MiB", .metavar = "SIZE",
 	  .help = "largest keyed request body (buffered); larger gets 413" },
@@ -173,11 +179,22 @@ static const struct config_opt options[] = {
 	  .metavar = "fail-closed|fail-open",
 	  .help = "when PostgreSQL is unreachable, keyed requests get 503 or "
 		  "are forwarded unprotected" },
+	{ .name = "release-statuses", .syn = SYNTAX_STATUSES,
+	  .off = F(release_statuses), .def = "500,503,401,408,425,429",
+	  .metavar = "LIST",
+	  .help = "upstream statuses that release the key for a retry (the app "
+		  "did not or could not act); every other one is stored and "
+		  "replayed" },
 	{ .name = "on-upstream-error", .syn = SYNTAX_WORDS(policy_upstream_error_words),
 	  .off = F(on_upstream_error), .def = "release",
 	  .metavar = "release|keep",
-	  .help = "5xx, 502 and 504 release the key for a retry, or are "
-		  "stored and replayed" },
+	  .help = "shorthand: keep stores every 5xx, whatever "
+		  "--release-statuses lists" },
+	{ .name = "unknown-outcome", .syn = SYNTAX_WORDS(policy_unknown_words),
+	  .off = F(unknown_outcome), .def = "keep", .metavar = "keep|release",
+	  .help = "a request that may have executed and has no answer: kept "
+		  "as unknown and never sent again, or released so that a "
+		  "retry executes (at-least-once)" },
 	{ .name = "drain-timeout", .syn = SYNTAX_DURATION(0),
 	  .off = F(drain_timeout_ms), .def = "20s", .metavar = "DUR",
 	  .help = "on SIGTERM, how long in-flight exchanges may finish "
@@ -919,6 +936,13 @@ static int cross_check(const struct config *c, char *err, size_t errlen)
 	if (c->upstream == NULL) {
 		snprintf(err, errlen, "--upstream is required (or "
 			 ENV_PREFIX "UPSTREAM, or upstream in the config file)");
+		return -1;
+	}
+	if (c->upstream_deadline_ms < c->upstream_timeout_ms) {
+		units_format_duration(c->upstream_deadline_ms, a, sizeof(a));
+		units_format_duration(c->upstream_timeout_ms, u, sizeof(u));
+		snprintf(err, errlen, "--upstream-deadline (%s) must not be "
+			 "shorter than --upstream-timeout (%s)", a, u);
 		return -1;
 	}
 	if (c->lease_ms <= c->upstream_timeout_ms) {

@@ -98,6 +98,11 @@ struct config {
 	char *upstream_ca;		/* PEM CAs; NULL: the system store */
 	char *upstream_client_cert;	/* mutual TLS with the upstream */
 	char *upstream_client_key;
+	/* issue 43: what ends an exchange (docs/protocol.md "How an exchange
+	 * ends") */
+	uint64_t upstream_deadline_ms;	/* a late response is awaited */
+	struct status_set release_statuses;
+	enum unknown_mode unknown_outcome;
 
 	/* per-request policy: the global one, and [route NAME] sections in
 	 * file order (route.c) */

@@ -23,6 +23,8 @@ static struct {
 	atomic_ulong client_errors[CLIENT_ERROR_COUNT];
 	atomic_ulong upstream_errors[UPSTREAM_ERROR_COUNT];
 	atomic_ulong tls_errors[TLS_ERROR_COUNT];
+	atomic_ulong unknown_causes[UNKNOWN_CAUSE_COUNT];
+	atomic_ulong probe_results[PROBE_RESULT_COUNT];
 	atomic_long gauges[GAUGE_COUNT];
 	atomic_ulong counters[COUNTER_COUNT];
 	atomic_ulong store_errors[STORE_KIND_COUNT];
@@ -69,6 +71,18 @@ static const char *const upstream_error_names[] = {
 #undef X
 };
 
+static const char *const unknown_cause_names[] = {
+#define X(name, label) label,
+	UNKNOWN_CAUSE_LIST(X)
+#undef X
+};
+
+static const char *const probe_result_names[] = {
+#define X(name, label) label,
+	PROBE_RESULT_LIST(X)
+#undef X
+};
+
 static const char *const tls_error_names[] = {
 #define X(name, label) label,
 	TLS_ERROR_LIST(X)
@@ -101,6 +115,16 @@ void metrics_upstream_error(enum upstream_error e)
 void metrics_tls_error(enum tls_error e)
 {
 	atomic_fetch_add_explicit(&m.tls_errors[e], 1, memory_order_relaxed);
+}
+
+void metrics_unknown_outcome(enum unknown_cause c)
+{
+	atomic_fetch_add_explicit(&m.unknown_causes[c], 1, memory_order_relaxed);
+}
+
+void metrics_probe(enum probe_result r)
+{
+	atomic_fetch_add_explicit(&m.probe_results[r], 1, memory_order_relaxed);
 }
 
 void metrics_gauge_add(enum gauge g, long delta)
@@ -152,40 +176,48 @@ const char *upstream_error_name(enum upstream_error e)
 	return upstream_error_names[e];
 }
 
+const char *unknown_cause_name(enum unknown_cause c)
+{
+	return unknown_cause_names[c];
+}
+
 static unsigned long load(atomic_ulong *v)
 {
 	return atomic_load_explicit(v, memory_order_relaxed);
 }
 
+/* A counter with one label: HELP, TYPE and a line per value. */
+static void labelled(FILE *out, const char *name, const char *help,
+		     const char *label, const char *const *values,
+		     atomic_ulong *counts, int n)
+{
+	fprintf(out, "# HELP idemproxy_%s %s\n# TYPE idemproxy_%s counter\n",
+		name, help, name);
+	for (int i = 0; i < n; i++)
+		fprintf(out, "idemproxy_%s{%s=\"%s\"} %lu\n", name, label,
+			values[i], load(&counts[i]));
+}
+
 void metrics_render(FILE *out)
 {
-	fprintf(out, "# HELP idemproxy_requests_total Requests by outcome.\n"
-		"# TYPE idemproxy_requests_total counter\n");
-	for (int i = 0; i < OUTCOME_COUNT; i++)
-		fprintf(out, "idemproxy_requests_total{outcome=\"%s\"} %lu\n",
-			outcome_names[i], load(&m.outcomes[i]));
-
-	fprintf(out, "# HELP idemproxy_client_errors_total Requests refused "
-		"before they could be parsed, by reason.\n"
-		"# TYPE idemproxy_client_errors_total counter\n");
-	for (int i = 0; i < CLIENT_ERROR_COUNT; i++)
-		fprintf(out, "idemproxy_client_errors_total{reason=\"%s\"} %lu\n",
-			client_error_names[i], load(&m.client_errors[i]));
-
-	fprintf(out, "# HELP idemproxy_upstream_errors_total Failed upstream "
-		"exchanges, by cause.\n"
-		"# TYPE idemproxy_upstream_errors_total counter\n");
-	for (int i = 0; i < UPSTREAM_ERROR_COUNT; i++)
-		fprintf(out, "idemproxy_upstream_errors_total{cause=\"%s\"} %lu\n",
-			upstream_error_names[i], load(&m.upstream_errors[i]));
-
-	fprintf(out, "# HELP idemproxy_tls_handshake_errors_total Client TLS "
-		"handshakes that failed, by reason.\n"
-		"# TYPE idemproxy_tls_handshake_errors_total counter\n");
-	for (int i = 0; i < TLS_ERROR_COUNT; i++)
-		fprintf(out, "idemproxy_tls_handshake_errors_total{reason=\"%s\"} "
-			"%lu\n", tls_error_names[i], load(&m.tls_errors[i]));
-
+	labelled(out, "requests_total", "Requests by outcome.", "outcome",
+		 outcome_names, m.outcomes, OUTCOME_COUNT);
+	labelled(out, "client_errors_total", "Requests refused before they "
+		 "could be parsed, by reason.", "reason", client_error_names,
+		 m.client_errors, CLIENT_ERROR_COUNT);
+	labelled(out, "upstream_errors_total", "Failed upstream exchanges, by "
+		 "cause.", "cause", upstream_error_names, m.upstream_errors,
+		 UPSTREAM_ERROR_COUNT);
+	labelled(out, "tls_handshake_errors_total", "Client TLS handshakes "
+		 "that failed, by reason.", "reason", tls_error_names,
+		 m.tls_errors, TLS_ERROR_COUNT);
+	labelled(out, "unknown_outcomes_total", "Keyed requests that may have "
+		 "executed and whose outcome is unknown, recorded as such "
+		 "(never sent again), by cause.", "cause", unknown_cause_names,
+		 m.unknown_causes, UNKNOWN_CAUSE_COUNT);
+	labelled(out, "outcome_probes_total", "Answers of outcome probes "
+		 "(outcome_probe), by result.", "result", probe_result_names,
+		 m.probe_results, PROBE_RESULT_COUNT);
 	for (int i = 0; i < GAUGE_COUNT; i++)
 		fprintf(out, "# HELP idemproxy_%s %s\n# TYPE idemproxy_%s gauge\n"
 			"idemproxy_%s %ld\n", gauges[i].name, gauges[i].help,

@@ -63,6 +63,38 @@ enum upstream_error {
 	UPSTREAM_ERROR_COUNT
 };
 
+/* Why a keyed request's outcome became unknown (idem.c): the connection
+ * broke after request bytes left (reset, timeout of a write, a response
+ * that is no HTTP, TLS), the exchange reached --upstream-deadline, or the
+ * owner stopped extending its lease (a duplicate found it run out). */
+#define UNKNOWN_CAUSE_LIST(X) \
+	X(RESET,    "reset") \
+	X(TIMEOUT,  "timeout") \
+	X(PROTOCOL, "protocol") \
+	X(TLS,      "tls") \
+	X(DEADLINE, "deadline") \
+	X(LEASE,    "lease")
+
+enum unknown_cause {
+#define X(name, label) UNKNOWN_CAUSE_##name,
+	UNKNOWN_CAUSE_LIST(X)
+#undef X
+	UNKNOWN_CAUSE_COUNT
+};
+
+/* What an outcome probe answered (idem.c). */
+#define PROBE_RESULT_LIST(X) \
+	X(FOUND,   "found") \
+	X(ABSENT,  "absent") \
+	X(UNKNOWN, "unknown")
+
+enum probe_result {
+#define X(name, label) PROBE_RESULT_##name,
+	PROBE_RESULT_LIST(X)
+#undef X
+	PROBE_RESULT_COUNT
+};
+
 /* Why a client's TLS handshake failed (tls.c). */
 #define TLS_ERROR_LIST(X) \
 	X(PLAIN_HTTP, "plain_http") \
@@ -101,7 +133,9 @@ enum tls_error {
 	X(tls_handshakes_total,    "Client TLS handshakes completed.") \
 	X(tls_resumed_total,       "Client TLS handshakes that resumed a session.") \
 	X(upstream_tls_handshakes_total, "TLS handshakes with the upstream completed.") \
-	X(upstream_tls_resumed_total, "TLS handshakes with the upstream that resumed a session.")
+	X(upstream_tls_resumed_total, "TLS handshakes with the upstream that resumed a session.") \
+	X(late_responses_total,    "Keyed responses that came after --upstream-timeout (the client had its 504) and were stored for the retries.") \
+	X(unknown_outcomes_released_total, "Unknown outcomes released for a retry (unknown_outcome = release: at-least-once).")
 
 enum counter {
 #define X(name, help) COUNTER_##name,
@@ -147,6 +181,8 @@ void metrics_outcome(enum outcome o);
 void metrics_client_error(enum client_error e);
 void metrics_upstream_error(enum upstream_error e);
 void metrics_tls_error(enum tls_error e);
+void metrics_unknown_outcome(enum unknown_cause c);
+void metrics_probe(enum probe_result r);
 void metrics_gauge_add(enum gauge g, long delta);
 void metrics_count(enum counter c);
 void metrics_count_n(enum counter c, unsigned long n);
@@ -156,6 +192,7 @@ void metrics_observe(enum histogram h, double seconds);
 
 const char *outcome_name(enum outcome o);
 const char *upstream_error_name(enum upstream_error e);
+const char *unknown_cause_name(enum unknown_cause c);
 
 /* Write every metric in Prometheus text exposition format 0.0.4. */
 void metrics_render(FILE *out);

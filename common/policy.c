@@ -27,6 +27,12 @@ const struct setting_word policy_upstream_error_words[] = {
 	{ NULL, 0 },
 };
 
+const struct setting_word policy_unknown_words[] = {
+	{ "keep", UNKNOWN_KEEP },
+	{ "release", UNKNOWN_RELEASE },
+	{ NULL, 0 },
+};
+
 const struct setting_word policy_verify_format_words[] = {
 	{ "github", VERIFY_GITHUB },
 	{ "stripe", VERIFY_STRIPE },
@@ -81,6 +87,8 @@ void policy_free(struct policy *p)
 		jwt_keys_free(p->jwt_keys);
 	free(p->fp_ignore);
 	free(p->fp_only);
+	free(p->probe_method);
+	free(p->probe_target);
 	secret_free(p);
 	memset(p, 0, sizeof(*p));
 }
@@ -103,6 +111,8 @@ int policy_copy(struct policy *dst, const struct policy *src)
 	dst->verify_header = dup_or_null(src->verify_header);
 	dst->fp_ignore = dup_or_null(src->fp_ignore);
 	dst->fp_only = dup_or_null(src->fp_only);
+	dst->probe_method = dup_or_null(src->probe_method);
+	dst->probe_target = dup_or_null(src->probe_target);
 	dst->verify_secret = NULL;
 	if (src->verify_secret != NULL) {
 		dst->verify_secret = malloc(src->verify_secret_len + 1);
@@ -119,6 +129,8 @@ int policy_copy(struct policy *dst, const struct policy *src)
 	    (src->verify_header && !dst->verify_header) ||
 	    (src->fp_ignore && !dst->fp_ignore) ||
 	    (src->fp_only && !dst->fp_only) ||
+	    (src->probe_method && !dst->probe_method) ||
+	    (src->probe_target && !dst->probe_target) ||
 	    (src->verify_secret && !dst->verify_secret))
 		return -1;
 	return 0;

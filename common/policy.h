@@ -28,9 +28,18 @@ enum store_down_mode {
 	STORE_DOWN_FAIL_OPEN,	/* keyed requests are forwarded unprotected */
 };
 
+/* --on-upstream-error: a shorthand over release_statuses. */
 enum upstream_error_mode {
-	UPSTREAM_ERROR_RELEASE,	/* 5xx/502/504 release the key */
-	UPSTREAM_ERROR_KEEP,	/* 5xx/502/504 are stored and replayed */
+	UPSTREAM_ERROR_RELEASE,	/* the 5xx of release_statuses release */
+	UPSTREAM_ERROR_KEEP,	/* no 5xx releases: all are stored */
+};
+
+/* What becomes of an exchange whose outcome is unknown (the request may
+ * have reached the upstream and no answer says what it did). */
+enum unknown_mode {
+	UNKNOWN_KEEP,		/* recorded as unknown, replayed, never sent
+				 * again (default) */
+	UNKNOWN_RELEASE,	/* at-least-once: released, a retry executes */
 };
 
 enum key_source {
@@ -77,6 +86,7 @@ enum fp_query {
 extern const struct setting_word policy_in_flight_words[];
 extern const struct setting_word policy_store_down_words[];
 extern const struct setting_word policy_upstream_error_words[];
+extern const struct setting_word policy_unknown_words[];
 extern const struct setting_word policy_verify_format_words[];	/* not none */
 extern const struct setting_word policy_fp_body_words[];
 extern const struct setting_word policy_fp_query_words[];
@@ -85,6 +95,7 @@ extern const struct setting_word policy_fp_query_words[];
 _Static_assert(sizeof(enum in_flight_mode) == sizeof(int) &&
 	       sizeof(enum store_down_mode) == sizeof(int) &&
 	       sizeof(enum upstream_error_mode) == sizeof(int) &&
+	       sizeof(enum unknown_mode) == sizeof(int) &&
 	       sizeof(enum verify_format) == sizeof(int) &&
 	       sizeof(enum fp_body) == sizeof(int) &&
 	       sizeof(enum fp_query) == sizeof(int),
@@ -103,6 +114,15 @@ struct policy {
 	uint64_t max_cached_response;
 	enum store_down_mode store_down;
 	enum upstream_error_mode on_upstream_error;
+	struct status_set release_statuses;	/* upstream statuses that
+						 * release the key */
+	uint64_t upstream_deadline_ms;	/* a late response is awaited this
+					 * long after the request was sent */
+	enum unknown_mode unknown_outcome;
+	/* outcome_probe = METHOD /path/{key}: asked on an unknown outcome;
+	 * NULL: none */
+	char *probe_method;
+	char *probe_target;	/* with "{key}" where the key goes */
 	enum scope_source scope;
 	char *scope_name;	/* the header's name or the claim's; else NULL */
 	enum verify_format verify;
@@ -126,6 +146,15 @@ struct policy {
 	char *jwt_audience;		/* NULL: not checked */
 	uint64_t jwt_leeway_ms;		/* for exp and nbf */
 };
+
+/* Does this upstream status release the key (the app said it did not or
+ * could not act), rather than being stored and replayed? */
+static inline bool policy_status_releases(const struct policy *p, int status)
+{
+	if (status >= 500 && p->on_upstream_error == UPSTREAM_ERROR_KEEP)
+		return false;
+	return status_set_has(&p->release_statuses, status);
+}
 
 /* Are a route's keys namespaced per caller? */
 static inline bool policy_scoped(const struct policy *p)

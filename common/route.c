@@ -454,6 +454,62 @@ static void print_fp_only(const struct route *r, FILE *out)
 		fprintf(out, "fingerprint_only = %s\n", r->policy.fp_only);
 }
 
+/*
+ * outcome_probe = GET /orders/by-key/{key}: the upstream's safe lookup of
+ * a request by its key, asked when an outcome is unknown (idem.c). GET
+ * only (a lookup must not act, and its 2xx body becomes the stored
+ * response); the target is origin-form, printable, "{key}" at least once
+ * (the key percent-encoded there). "none" turns it off.
+ */
+static int set_probe(struct route *r, const char *v, char **envp,
+		     char *why, size_t len)
+{
+	const char *sp = strchr(v, ' ');
+	char *method = NULL, *target = NULL;
+
+	if (strcmp(v, "none") == 0)
+		goto set;
+	if (sp == NULL || (size_t)(sp - v) != 3 || strncmp(v, "GET", 3) != 0) {
+		snprintf(why, len, "use GET /path/{key} (a safe lookup: only GET)");
+		return -1;
+	}
+	while (*sp == ' ')
+		sp++;
+	if (*sp != '/' || strstr(sp, "{key}") == NULL) {
+		snprintf(why, len, "the target must start with / and hold {key}, "
+			 "e.g. GET /orders/by-key/{key}");
+		return -1;
+	}
+	for (const char *p = sp; *p != '\0'; p++)
+		if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f) {
+			snprintf(why, len, "the target has a blank or a byte "
+				 "that is not printable ASCII");
+			return -1;
+		}
+	method = strdup("GET");
+	target = strdup(sp);
+	if (method == NULL || target == NULL) {
+		free(method);
+		free(target);
+		snprintf(why, len, "out of memory");
+		return -1;
+	}
+set:
+	free(r->policy.probe_method);
+	free(r->policy.probe_target);
+	r->policy.probe_method = method;
+	r->policy.probe_target = target;
+	return 0;
+}
+
+static void print_probe(const struct route *r, FILE *out)
+{
+	fprintf(out, "outcome_probe = %s%s%s\n",
+		r->policy.probe_method ? r->policy.probe_method : "none",
+		r->policy.probe_method ? " " : "",
+		r->policy.probe_target ? r->policy.probe_target : "");
+}
+
 static const struct setting_word verify_words[] = {
 	{ "hmac-sha256", 1 },
 	{ "none", 0 },
@@ -559,8 +615,22 @@ static const struct route_key route_keys[] = {
 	  .help = "largest keyed request body" },
 	{ .name = "max_cached_response", .off = P(max_cached_response),
 	  .flags = KEY_OPTION, .help = "largest response stored for replay" },
+	{ .name = "release_statuses", .off = P(release_statuses),
+	  .flags = KEY_OPTION,
+	  .help = "upstream statuses that release the key; others are stored" },
 	{ .name = "on_upstream_error", .off = P(on_upstream_error),
-	  .flags = KEY_OPTION, .help = "5xx release the key, or are replayed" },
+	  .flags = KEY_OPTION, .help = "keep: every 5xx is stored, whatever "
+	  "release_statuses lists" },
+	{ .name = "upstream_deadline", .off = P(upstream_deadline_ms),
+	  .flags = KEY_OPTION,
+	  .help = "how long a late response is awaited and then stored" },
+	{ .name = "unknown_outcome", .off = P(unknown_outcome),
+	  .flags = KEY_OPTION,
+	  .help = "keep (never sent again) or release (at-least-once)" },
+	{ .name = "outcome_probe", .set = set_probe, .print = print_probe,
+	  .help = "METHOD /path/{key}: the upstream's lookup of a request "
+		  "whose outcome is unknown (2xx: its response; 404: never "
+		  "executed)" },
 	{ .name = "store_down", .off = P(store_down), .flags = KEY_OPTION,
 	  .help = "503, or forward unprotected, when the store is down" },
 	{ .name = "fingerprint", .off = P(fp_body), .flags = KEY_OPTION,
@@ -786,6 +856,12 @@ static int build_route(const struct route_table *t, struct route *r,
 			 "verified client certificates (--tls-client-ca)",
 			 raw->file, raw->line, raw->name,
 			 r->policy.scope == SCOPE_TLS_SAN ? "san" : "subject");
+		return -1;
+	}
+	if (r->policy.upstream_deadline_ms < o->upstream_timeout_ms) {
+		snprintf(err, errlen, "%s:%d: route %s: upstream_deadline must "
+			 "not be shorter than upstream_timeout", raw->file,
+			 raw->line, raw->name);
 		return -1;
 	}
 	if (r->policy.lease_ms <= o->upstream_timeout_ms) {

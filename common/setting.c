@@ -250,6 +250,68 @@ static int parse_word(const struct setting_syntax *syn, const char *v,
 	return -1;
 }
 
+/* "500, 503,429" into a set; "none" is the empty set. Each code once. */
+static int parse_statuses(const char *v, struct status_set *field, char *err,
+			  size_t errlen)
+{
+	struct status_set set = { { 0 } };
+	const char *p = v;
+	char sh[80];
+
+	while (*p == ' ' || *p == '\t')
+		p++;
+	if (strcasecmp(p, "none") == 0) {
+		*field = set;
+		return 0;
+	}
+	for (;;) {
+		uint64_t n = 0;
+		int digits = 0;
+
+		while (*p == ' ' || *p == '\t')
+			p++;
+		while (*p >= '0' && *p <= '9' && digits < 4) {
+			n = n * 10 + (uint64_t)(*p++ - '0');
+			digits++;
+		}
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (digits != 3 || n < STATUS_SET_MIN || n > STATUS_SET_MAX ||
+		    (*p != ',' && *p != '\0')) {
+			snprintf(err, errlen, "invalid status list \"%s\" (use "
+				 "e.g. 500,503,429, codes 100-599, or none)",
+				 setting_shown(v, sh, sizeof(sh)));
+			return -1;
+		}
+		if (status_set_has(&set, (int)n)) {
+			snprintf(err, errlen, "status %llu is listed twice",
+				 (unsigned long long)n);
+			return -1;
+		}
+		status_set_put(&set, (int)n, true);
+		if (*p == '\0')
+			break;
+		p++;
+	}
+	*field = set;
+	return 0;
+}
+
+void status_set_format(const struct status_set *s, char *buf, size_t len)
+{
+	size_t used = 0;
+
+	if (len == 0)
+		return;
+	buf[0] = '\0';
+	for (int st = STATUS_SET_MIN; st <= STATUS_SET_MAX && used < len; st++)
+		if (status_set_has(s, st))
+			used += (size_t)snprintf(buf + used, len - used, "%s%d",
+						 used == 0 ? "" : ",", st);
+	if (used == 0)
+		snprintf(buf, len, "none");
+}
+
 int setting_parse(const struct setting_syntax *syn, const char *v, void *field,
 		  char *err, size_t errlen)
 {
@@ -286,6 +348,8 @@ int setting_parse(const struct setting_syntax *syn, const char *v, void *field,
 		return parse_size(syn, v, field, err, errlen);
 	case SETTING_WORD:
 		return parse_word(syn, v, field, err, errlen);
+	case SETTING_STATUSES:
+		return parse_statuses(v, field, err, errlen);
 	}
 	snprintf(err, errlen, "internal error: setting type %d", (int)syn->type);
 	return -1;
@@ -316,6 +380,9 @@ void setting_format(const struct setting_syntax *syn, const void *field,
 		return;
 	case SETTING_WORD:
 		snprintf(buf, len, "%s", setting_word(syn->words, *(const int *)field));
+		return;
+	case SETTING_STATUSES:
+		status_set_format(field, buf, len);
 		return;
 	}
 	snprintf(buf, len, "?");
@@ -354,6 +421,9 @@ int setting_copy(const struct setting_syntax *syn, void *dst, const void *src)
 	case SETTING_DURATION:
 	case SETTING_SIZE:
 		*(uint64_t *)dst = *(const uint64_t *)src;
+		return 0;
+	case SETTING_STATUSES:
+		*(struct status_set *)dst = *(const struct status_set *)src;
 		return 0;
 	}
 	return -1;

@@ -28,7 +28,36 @@ enum setting_type {
 	SETTING_DURATION,	/* units.h, in milliseconds, min..max; uint64_t */
 	SETTING_SIZE,		/* units.h, in bytes, min..max; uint64_t */
 	SETTING_WORD,		/* one of .words, any case; an enum (int-sized) */
+	SETTING_STATUSES,	/* HTTP status codes 100-599, comma-separated;
+				 * struct status_set */
 };
+
+/* A set of HTTP status codes (SETTING_STATUSES). */
+#define STATUS_SET_MIN 100
+#define STATUS_SET_MAX 599
+struct status_set {
+	uint64_t bits[(STATUS_SET_MAX - STATUS_SET_MIN + 64) / 64];
+};
+
+static inline bool status_set_has(const struct status_set *s, int status)
+{
+	unsigned i;
+
+	if (status < STATUS_SET_MIN || status > STATUS_SET_MAX)
+		return false;
+	i = (unsigned)(status - STATUS_SET_MIN);
+	return (s->bits[i / 64] >> (i % 64)) & 1u;
+}
+
+static inline void status_set_put(struct status_set *s, int status, bool on)
+{
+	unsigned i = (unsigned)(status - STATUS_SET_MIN);
+
+	if (on)
+		s->bits[i / 64] |= (uint64_t)1 << (i % 64);
+	else
+		s->bits[i / 64] &= ~((uint64_t)1 << (i % 64));
+}
 
 /* One word of a SETTING_WORD; a list ends with { NULL, 0 }. */
 struct setting_word {
@@ -55,6 +84,7 @@ struct setting_syntax {
 			      .max = SETTING_DURATION_MAX }
 #define SYNTAX_SIZE(lo, hi) { .type = SETTING_SIZE, .min = (lo), .max = (hi) }
 #define SYNTAX_WORDS(w) { .type = SETTING_WORD, .words = (w) }
+#define SYNTAX_STATUSES { .type = SETTING_STATUSES }
 
 /*
  * Check v against syn and store it in *field (of the type syn names),
@@ -74,6 +104,9 @@ void setting_clear(const struct setting_syntax *syn, void *field);
 /* Copy *src into *dst (strings duplicated). -1 when out of memory. */
 int setting_copy(const struct setting_syntax *syn, void *dst,
 		 const void *src) MUSTCHECK;
+
+/* "500,503" (ascending), or "none". */
+void status_set_format(const struct status_set *s, char *buf, size_t len);
 
 /* The word of value in a list, or "?". */
 const char *setting_word(const struct setting_word *w, int value);

@@ -211,6 +211,13 @@ bool conn_upstream_error(struct conn *c, enum upstream_error err)
 	return write_problem(c, p, detail, false);
 }
 
+/* The engine's answer to a keyed exchange that failed or is late (502,
+ * 504); false when the connection was cut. */
+bool conn_exchange_problem(struct conn *c, enum problem p, const char *detail)
+{
+	return write_problem(c, p, detail, false);
+}
+
 /* ---- reading --------------------------------------------------------- */
 
 /* Read from the client again (after a pause, or for the next request). */

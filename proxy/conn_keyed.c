@@ -109,11 +109,11 @@ static void sink_done(void *client)
 	hold_for_settle(c);
 }
 
-static void sink_failed(void *client, enum upstream_error err)
+static void sink_failed(void *client, enum problem p, const char *detail)
 {
 	struct conn *c = client;
 
-	if (conn_upstream_error(c, err))
+	if (conn_exchange_problem(c, p, detail))
 		hold_for_settle(c);
 }
 

@@ -171,12 +171,12 @@ static void up_on_done(void *arg)
 	conn_end_request(c);
 }
 
-static void up_on_error(void *arg, enum upstream_error err, bool retryable)
+static void up_on_error(void *arg, enum upstream_error err, unsigned how)
 {
 	struct conn *c = arg;
 
 	c->up = NULL;
-	if (retryable && !cf_has(c, CF(RETRIED)) && !cf_has(c, CF(RESP_STARTED)) &&
+	if ((how & UPSTREAM_RETRYABLE) && !cf_has(c, CF(RETRIED)) && !cf_has(c, CF(RESP_STARTED)) &&
 	    c->req_body == BODY_NONE && idempotent_method(c->method)) {
 		/* A pooled connection the upstream had closed: nothing was
 		 * executed, and a request without a body can be sent again. */

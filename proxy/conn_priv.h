@@ -179,6 +179,7 @@ void conn_answer(struct conn *c, enum problem p, const char *detail,
 		 enum outcome o, bool close);
 /* Queue 502/504 for a failed exchange; false when the connection was cut. */
 bool conn_upstream_error(struct conn *c, enum upstream_error err);
+bool conn_exchange_problem(struct conn *c, enum problem p, const char *detail);
 void conn_end_request(struct conn *c);
 void conn_close(struct conn *c, const char *reason);
 int conn_feed_parser(struct conn *c);

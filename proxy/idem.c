@@ -8,21 +8,36 @@
  *        (wait mode) ▼ │    │ MISMATCH: 422        (IDEM_ST_CONFIRM: ran out: extend;
  *                    │ │    │                       fenced: claim again)
  *                    │ │    │                            ▼
- *                    │ │    │                      IDEM_ST_FORWARD
- *                IDEM_ST_WAIT  IN_FLIGHT (reject,        │ response done
- *                 settled:     or wait_timeout): 409     │ or failed
- *                 claim again  store down: 503 or        ▼
+ *                    │ │    │                      IDEM_ST_FORWARD ── head late: 504
+ *                IDEM_ST_WAIT  IN_FLIGHT (reject,        │      to the client, the
+ *                 settled:     or wait_timeout): 409     │      exchange goes on
+ *                 claim again  UNKNOWN: replay it        │ response done, failed
+ *                 (or probe)   store down: 503 or        ▼ or past the deadline
  *                              fail-open forward   IDEM_ST_SETTLE
- *                                                  complete or release,
- *   no key to be had: IDEM_ST_PASS ──▶ forward     retried with back-off,
- *                     (unprotected)                then sink->settled; freed
+ *                                                  complete, release or record
+ *   no key to be had: IDEM_ST_PASS ──▶ forward     unknown, retried with
+ *                     (unprotected)                back-off, then
+ *                                                  sink->settled; unknown and a
+ *                                                  probe: IDEM_ST_PROBE; freed
+ *
+ * How an exchange ends decides the record (settlement(), docs/protocol.md
+ * "How an exchange ends"): a response is stored, unless its status is one
+ * the route releases on (the app did not or could not act); a failure
+ * before any request byte left (connect, TLS handshake) releases; any other
+ * failure - the connection broken after the request left, the deadline -
+ * leaves the outcome unknown: recorded as such, replayed, never sent again
+ * (unknown_outcome = release: released, at-least-once). A request that may
+ * have reached the upstream is never sent to it again.
  *
  * The store decides every claim (PostgreSQL's single statement, or the
  * memory store's lock); the engine never checks then inserts. A winner's
  * completion and release carry its owner token, so a stale winner whose
  * lease was taken over cannot overwrite the new owner's record. While
  * forwarding, the winner extends its lease at half of what is left of it;
- * it never forwards on a lease that ran out before it heard it won.
+ * it never forwards on a lease that ran out before it heard it won. A
+ * duplicate that finds the lease run out does not take the key over: the
+ * store records the outcome as unknown (the owner may have executed it and
+ * died), and the owner's late completion, fenced by its token, replaces it.
  *
  * Ownership: the engine owns its store handles, its timer, its upstream
  * handle and the captured response. The client is a borrowed pointer,
@@ -44,6 +59,7 @@
 #include "httphdr.h"
 #include "issue.h"
 #include "log.h"
+#include "probe.h"
 
 /*
  * Completion/release writes and lease extensions that fail are retried
@@ -70,6 +86,11 @@
 /* A win heard of as its lease ran out is extended before the request is
  * sent, at most this many times (forward_owned()). */
 #define CONFIRM_MAX 2
+/* An outcome probe is asked this many times by the owner that recorded
+ * the unknown outcome (PROBE_BACKOFF_MS apart, doubling), once by a
+ * duplicate that finds one (its client waits for the answer). */
+#define PROBE_TRIES 3
+#define PROBE_BACKOFF_MS 1000
 
 enum idem_state {
 	IDEM_ST_CLAIM,		/* a claim is with the store */
@@ -80,7 +101,18 @@ enum idem_state {
 	IDEM_ST_CHECK,		/* won: is the key one this proxy issued? */
 	IDEM_ST_UNDO,		/* not issued: give the claims back, answer */
 	IDEM_ST_CONFIRM,	/* won as the lease ran out: extend, then go */
+	IDEM_ST_RETAKE,		/* that win became unknown before anything was
+				 * sent: releasing it, then claiming again */
+	IDEM_ST_PROBE,		/* unknown outcome: asking the outcome probe,
+				 * then writing what it said */
 	IDEM_ST_DONE,		/* over: on env->done, freed next loop turn */
+};
+
+/* What the record becomes once the exchange is over (settlement()). */
+enum settle_kind {
+	SETTLE_STORE,		/* the response is stored and replayed */
+	SETTLE_RELEASE,		/* deleted: a retry executes */
+	SETTLE_UNKNOWN,		/* recorded as an unknown outcome */
 };
 
 /* An engine's flags, one word (idem_flags_str() for logs). */
@@ -92,7 +124,10 @@ enum idem_state {
 	X(RESP_HEAD    , "resp_head") \
 	X(CAP_OVERFLOW , "cap_overflow") \
 	X(FAILED       , "failed") \
-	X(OVERDUE      , "overdue")
+	X(OVERDUE      , "overdue") \
+	X(SENT         , "sent") \
+	X(LATE         , "late") \
+	X(RESOLVER     , "resolver")
 
 enum {
 #define X(name, label) IDEM_BIT_##name,
@@ -130,11 +165,18 @@ struct idem {
 
 	struct upstream *up;
 	uint64_t up_start_ms;
+	struct event *deadline;		/* a late head: upstream_deadline */
 	int status;
 	struct evbuffer *cap_head;	/* "Name: value\r\n"... */
 	struct evbuffer *cap_body;
 	enum upstream_error error;
-	struct stored_response *outcome;	/* what complete() writes */
+	enum unknown_cause cause;	/* FAILED with SENT, or the deadline */
+	struct stored_response *outcome;	/* what complete() writes; a
+						 * resolver's: the unknown
+						 * outcome it found */
+	struct probe *probe;		/* the outcome probe being asked */
+	int probes;			/* outcome probe attempts made */
+	int probe_status;		/* what it answered (0: nothing) */
 };
 
 static bool if_has(const struct idem *ix, unsigned f)
@@ -167,6 +209,7 @@ static const char *idem_flags_str(unsigned flags, char *buf, size_t len)
 static void claim(struct idem *ix);
 static void settle(struct idem *ix);
 static void write_settlement(struct idem *ix);
+static void ask_probe(struct idem *ix);
 
 static double seconds_since(uint64_t t0_ms)
 {
@@ -211,11 +254,11 @@ static void arm_timer(struct idem *ix, uint64_t ms)
 	evtimer_add(ix->timer, &tv);
 }
 
-bool idem_status_releases(int status, enum upstream_error_mode mode)
+static void arm_deadline(struct idem *ix, uint64_t ms)
 {
-	if (status == 401 || status == 408 || status == 425 || status == 429)
-		return true;
-	return status >= 500 && mode == UPSTREAM_ERROR_RELEASE;
+	struct timeval tv = clock_tv(ms);
+
+	evtimer_add(ix->deadline, &tv);
 }
 
 /* The outcome is recorded (or given up): the client may go on. */
@@ -257,6 +300,9 @@ static void idem_done(struct idem *ix)
 	if (ix->up != NULL)
 		upstream_abort(ix->up);
 	ix->up = NULL;
+	evtimer_del(ix->deadline);
+	probe_cancel(ix->probe);
+	ix->probe = NULL;
 	if (if_has(ix, IF(OWNS)))
 		metrics_gauge_add(GAUGE_in_flight, -1);
 	if_clr(ix, IF(OWNS));
@@ -274,6 +320,7 @@ static void idem_destroy(struct idem *ix)
 {
 	config_unref(ix->req.cfg);
 	event_free(ix->timer);
+	event_free(ix->deadline);
 	evbuffer_free(ix->req.request);
 	evbuffer_free(ix->cap_head);
 	evbuffer_free(ix->cap_body);
@@ -298,7 +345,8 @@ static void let_go(struct idem *ix)
 	ix->client = NULL;
 	if (ix->state != IDEM_ST_FORWARD && ix->state != IDEM_ST_SETTLE &&
 	    ix->state != IDEM_ST_CHECK && ix->state != IDEM_ST_UNDO &&
-	    ix->state != IDEM_ST_CONFIRM) {
+	    ix->state != IDEM_ST_CONFIRM && ix->state != IDEM_ST_RETAKE &&
+	    ix->state != IDEM_ST_PROBE) {
 		idem_done(ix);
 		return;
 	}
@@ -372,6 +420,7 @@ static void up_head(void *arg, const struct upstream_resp *r)
 	if (r->status >= 200) {
 		if_set(ix, IF(RESP_HEAD));
 		capture_head(ix, r);
+		evtimer_del(ix->deadline);	/* body gaps are timed again */
 	}
 	if (ix->client != NULL)
 		ix->sink->head(ix->client, r);
@@ -416,9 +465,87 @@ static void up_done(void *arg)
 	upstream_release(ix->up);
 	ix->up = NULL;
 	evtimer_del(ix->timer);
+	evtimer_del(ix->deadline);
+	if (if_has(ix, IF(LATE))) {
+		metrics_count(COUNTER_late_responses_total);
+		log_info("key %s: the late response came after %.1f s (status "
+			 "%d); stored for the retries", ix->req.claim.key.key,
+			 seconds_since(ix->up_start_ms), ix->status);
+	}
 	if (ix->client != NULL)
 		ix->sink->done(ix->client);
 	settle(ix);
+}
+
+/* Why a failed exchange that may have reached the upstream has an unknown
+ * outcome: the metric's cause and the problem's detail. */
+static enum unknown_cause failure_cause(enum upstream_error err)
+{
+	switch (err) {
+	case UPSTREAM_ERROR_TIMEOUT:
+		return UNKNOWN_CAUSE_TIMEOUT;
+	case UPSTREAM_ERROR_PROTOCOL:
+		return UNKNOWN_CAUSE_PROTOCOL;
+	case UPSTREAM_ERROR_TLS:
+		return UNKNOWN_CAUSE_TLS;
+	case UPSTREAM_ERROR_CONNECT:
+	case UPSTREAM_ERROR_RESET:
+	case UPSTREAM_ERROR_COUNT:
+		break;
+	}
+	return UNKNOWN_CAUSE_RESET;
+}
+
+static const char *unknown_detail(enum unknown_cause c)
+{
+	switch (c) {
+	case UNKNOWN_CAUSE_DEADLINE:
+		return "the request reached the upstream, which did not answer "
+		       "within the route's upstream_deadline; it may have "
+		       "executed, and is not sent again";
+	case UNKNOWN_CAUSE_PROTOCOL:
+		return "the request reached the upstream, whose answer was not "
+		       "HTTP; it may have executed, and is not sent again";
+	case UNKNOWN_CAUSE_LEASE:
+		return NULL;	/* stored_response_unknown()'s */
+	case UNKNOWN_CAUSE_RESET:
+	case UNKNOWN_CAUSE_TIMEOUT:
+	case UNKNOWN_CAUSE_TLS:
+	case UNKNOWN_CAUSE_COUNT:
+		break;
+	}
+	return "the request reached the upstream and the connection broke "
+	       "before its answer; it may have executed, and is not sent again";
+}
+
+/*
+ * What the record becomes (DESIGN §1.7, docs/protocol.md "How an exchange
+ * ends"). A final status says what the app did: stored, unless the route
+ * releases on it - also when the body was cut short after it. A failure
+ * before any request byte left releases. Anything else may have executed
+ * and nobody knows: unknown (released only on an at-least-once route).
+ */
+static enum settle_kind settlement(const struct idem *ix)
+{
+	const struct policy *p = ix->req.policy;
+
+	if (if_has(ix, IF(RESP_HEAD)) || !if_has(ix, IF(FAILED)))
+		return policy_status_releases(p, ix->status) ? SETTLE_RELEASE :
+							       SETTLE_STORE;
+	if (!if_has(ix, IF(SENT)))
+		return SETTLE_RELEASE;
+	return p->unknown_outcome == UNKNOWN_RELEASE ? SETTLE_RELEASE :
+						       SETTLE_UNKNOWN;
+}
+
+/* The problem a live client gets for a failed exchange. */
+static enum problem failure_problem(const struct idem *ix, const char **detail)
+{
+	if (if_has(ix, IF(OWNS)) && settlement(ix) == SETTLE_UNKNOWN) {
+		*detail = unknown_detail(ix->cause);
+		return PROBLEM_OUTCOME_UNKNOWN;
+	}
+	return problem_upstream(ix->error, detail);
 }
 
 /*
@@ -427,19 +554,60 @@ static void up_done(void *arg)
  * read it before the connection broke. (A pooled connection the upstream
  * had closed while idle is seen closed before use: upstream_acquire.)
  */
-static void up_error(void *arg, enum upstream_error err, bool retryable)
+static void up_error(void *arg, enum upstream_error err, unsigned how)
 {
 	struct idem *ix = arg;
+	const char *detail;
+	enum problem p;
 
 	ix->up = NULL;
 	if_set(ix, IF(FAILED));
+	if (how & UPSTREAM_SENT)
+		if_set(ix, IF(SENT));
 	ix->error = err;
+	if (ix->cause != UNKNOWN_CAUSE_DEADLINE)
+		ix->cause = failure_cause(err);
 	evtimer_del(ix->timer);
-	log_warn("key %s: upstream %s", ix->req.claim.key.key,
-		 upstream_error_name(err));
-	if (ix->client != NULL)
-		ix->sink->failed(ix->client, err);
+	evtimer_del(ix->deadline);
+	log_warn("key %s: upstream %s%s", ix->req.claim.key.key,
+		 upstream_error_name(err), (how & UPSTREAM_SENT) ?
+		 " after the request was sent" : " before anything was sent");
+	if (ix->client != NULL) {
+		p = failure_problem(ix, &detail);
+		ix->sink->failed(ix->client, p, detail);
+	}
 	settle(ix);
+}
+
+/*
+ * The response head is later than --upstream-timeout. A keyed request's
+ * client gets its 504 now, and the exchange goes on: the late response is
+ * stored for the retries (which wait or get 409 meanwhile), until the
+ * route's upstream_deadline. An unprotected one fails as a timeout.
+ */
+static bool up_slow(void *arg)
+{
+	struct idem *ix = arg;
+	uint64_t spent = clock_ms() - ix->up_start_ms;
+	uint64_t limit = ix->req.policy->upstream_deadline_ms;
+
+	if (!if_has(ix, IF(OWNS)) || if_has(ix, IF(LATE)) || spent >= limit)
+		return false;
+	if_set(ix, IF(LATE));
+	arm_deadline(ix, limit - spent);
+	log_info("key %s: no response head within %.1f s; the client gets 504 "
+		 "and the exchange goes on for up to %.0f s more",
+		 ix->req.claim.key.key, (double)spent / 1e3,
+		 (double)(limit - spent) / 1e3);
+	if (ix->client != NULL) {
+		ix->sink->failed(ix->client, PROBLEM_UPSTREAM_TIMEOUT,
+				 "the upstream has not answered yet; the request "
+				 "goes on, and a retry with the same key gets its "
+				 "response once it comes");
+		settled(ix);	/* the client may go on: its answer is given */
+		let_go(ix);
+	}
+	return true;
 }
 
 static const struct upstream_cbs up_cbs = {
@@ -448,6 +616,7 @@ static const struct upstream_cbs up_cbs = {
 	.on_done = up_done,
 	.on_error = up_error,
 	.on_drain = NULL,
+	.on_slow = up_slow,
 };
 
 /*
@@ -524,21 +693,19 @@ static bool send_request(struct idem *ix)
 
 /* ---- settling the record --------------------------------------------- */
 
-/* The problem document a kept 502/504 is stored as: the same body as the
- * live answer (problem_upstream). */
-static struct stored_response *problem_response(enum upstream_error err,
-						bool cut)
+/* The problem document a response cut short after its status is stored
+ * as (the client had the status; its retries get this). */
+static struct stored_response *cut_response(enum upstream_error err)
 {
 	static const char head[] = "Content-Type: application/problem+json\r\n";
 	const char *detail;
 	enum problem p = problem_upstream(err, &detail);
-	char body[512];
+	char body[2048];
+	size_t len;
 
-	if (cut)
-		detail = "the upstream's response was cut short after its status; "
-			 "the request was executed and its response is lost";
-	size_t len = problem_render(p, detail, body, sizeof(body));
-
+	detail = "the upstream's response was cut short after its status; "
+		 "the request was executed and its response is lost";
+	len = problem_render(p, detail, body, sizeof(body));
 	return stored_response_new(problem_status(p), head, sizeof(head) - 1,
 				   body, len, true);
 }
@@ -626,6 +793,13 @@ static void on_settled(void *arg, const struct store_result *res)
 		break;
 	}
 	settled(ix);
+	if (res->status == STORE_OK && ix->outcome != NULL &&
+	    ix->outcome->unknown && ix->req.policy->probe_target != NULL) {
+		ix->state = IDEM_ST_PROBE;
+		let_go(ix);
+		ask_probe(ix);
+		return;
+	}
 	idem_done(ix);
 }
 
@@ -647,9 +821,23 @@ static void write_settlement(struct idem *ix)
 	}
 }
 
+/* The response as captured, to store. NULL when out of memory. */
+static struct stored_response *captured_response(struct idem *ix)
+{
+	size_t blen = evbuffer_get_length(ix->cap_body);
+	size_t hlen = evbuffer_get_length(ix->cap_head);
+
+	return stored_response_new(ix->status,
+		hlen ? (const char *)evbuffer_pullup(ix->cap_head, -1) : "",
+		hlen,
+		blen ? (const char *)evbuffer_pullup(ix->cap_body, -1) : "",
+		blen, !if_has(ix, IF(CAP_OVERFLOW)));
+}
+
 /*
  * The exchange is over (or failed). Decide between completing the record
- * with the response and releasing the key so that a retry can execute.
+ * with the response, recording its outcome as unknown, and releasing the
+ * key so that a retry can execute (settlement()).
  */
 static void settle(struct idem *ix)
 {
@@ -659,28 +847,175 @@ static void settle(struct idem *ix)
 		idem_done(ix);
 		return;
 	}
-	if (if_has(ix, IF(FAILED))) {
+	switch (settlement(ix)) {
+	case SETTLE_STORE:
 		/* a final status means the upstream acted: a response cut
 		 * short after it is never a release (DESIGN §7) */
-		if (if_has(ix, IF(RESP_HEAD)))
-			ix->outcome = problem_response(ix->error, true);
-		else if (ix->req.policy->on_upstream_error == UPSTREAM_ERROR_KEEP)
-			ix->outcome = problem_response(ix->error, false);
-	} else if (!idem_status_releases(ix->status, ix->req.policy->on_upstream_error)) {
-		size_t blen = evbuffer_get_length(ix->cap_body);
-		size_t hlen = evbuffer_get_length(ix->cap_head);
-
-		ix->outcome = stored_response_new(ix->status,
-			hlen ? (const char *)evbuffer_pullup(ix->cap_head, -1) : "",
-			hlen,
-			blen ? (const char *)evbuffer_pullup(ix->cap_body, -1) : "",
-			blen, !if_has(ix, IF(CAP_OVERFLOW)));
+		ix->outcome = if_has(ix, IF(FAILED)) ? cut_response(ix->error) :
+			      captured_response(ix);
+		break;
+	case SETTLE_RELEASE:
+		if (if_has(ix, IF(FAILED)) && if_has(ix, IF(SENT)) &&
+		    !if_has(ix, IF(RESP_HEAD))) {
+			metrics_count(COUNTER_unknown_outcomes_released_total);
+			log_warn("key %s: outcome unknown (%s); released for a "
+				 "retry (unknown_outcome = release)",
+				 ix->req.claim.key.key,
+				 unknown_cause_name(ix->cause));
+		}
+		break;
+	case SETTLE_UNKNOWN:
+		metrics_unknown_outcome(ix->cause);
+		log_warn("key %s: the request reached the upstream and its "
+			 "outcome is unknown (%s); recorded as such, it is not "
+			 "sent again%s", ix->req.claim.key.key,
+			 unknown_cause_name(ix->cause),
+			 ix->req.policy->probe_target != NULL ?
+			 "; asking the outcome probe" : "");
+		ix->outcome = stored_response_unknown(unknown_detail(ix->cause));
+		break;
 	}
 	/* the captured copies are no longer needed */
 	evbuffer_drain(ix->cap_body, evbuffer_get_length(ix->cap_body));
+	if (settlement(ix) != SETTLE_RELEASE && ix->outcome == NULL) {
+		/* never a release in its place: the lease runs out, and the
+		 * key's outcome becomes unknown */
+		log_error("key %s: out of memory for the outcome; the key stays "
+			  "in flight until its lease runs out",
+			  ix->req.claim.key.key);
+		metrics_count(COUNTER_completion_failures_total);
+		settled(ix);
+		idem_done(ix);
+		return;
+	}
 	if (!if_has(ix, IF(ORPHAN)))
 		let_go_if_alone(ix);
 	write_settlement(ix);
+}
+
+/* ---- the outcome probe ------------------------------------------------ */
+
+/*
+ * An unknown outcome is asked about (a route's outcome_probe): by its owner
+ * once it recorded it (in the background, PROBE_TRIES times), and by a
+ * duplicate that finds it (a resolver: once, its client waiting). A 2xx
+ * answer becomes the stored response, a 404 releases the key (the request
+ * never executed: a retry may), anything else leaves it unknown. Both
+ * writes carry the owner's handle, so that they land only on the record
+ * still unknown (or in flight) under that owner.
+ */
+
+/* Reply to a waiting client with r and end. */
+static void finish_replay(struct idem *ix, struct stored_response *r)
+{
+	observe_wait(ix);
+	if (ix->client != NULL)
+		ix->sink->replay(ix->client, r);
+	ix->client = NULL;
+	idem_done(ix);
+}
+
+/* The probe left the outcome unknown: a resolver replays it. */
+static void probe_gave_up(struct idem *ix)
+{
+	metrics_probe(PROBE_RESULT_UNKNOWN);
+	log_warn("key %s: the outcome probe answered %d after %d attempt(s); "
+		 "the outcome stays unknown", ix->req.claim.key.key,
+		 ix->probe_status, ix->probes);
+	if (if_has(ix, IF(RESOLVER)) && ix->outcome != NULL) {
+		finish_replay(ix, ix->outcome);
+		return;
+	}
+	idem_done(ix);
+}
+
+static void on_probe_written(void *arg, const struct store_result *res)
+{
+	struct idem *ix = arg;
+	bool found = ix->probe_status != 404;
+
+	ix->op = NULL;
+	log_info("key %s: outcome probe answered %d; %s %s",
+		 ix->req.claim.key.key, ix->probe_status,
+		 found ? "stored as its response:" : "released:",
+		 store_status_name(res->status));
+	if (!if_has(ix, IF(RESOLVER))) {
+		idem_done(ix);
+		return;
+	}
+	if (res->status == STORE_OK && found) {
+		finish_replay(ix, ix->outcome);
+		return;
+	}
+	if (res->status == STORE_ERROR) {
+		finish_problem(ix, PROBLEM_STORE_UNAVAILABLE, "the idempotency "
+			       "store cannot be reached", OUTCOME_STORE_UNAVAILABLE);
+		return;
+	}
+	/* released (this request may execute now), or changed meanwhile (the
+	 * owner's completion landed, or a purge): claim again */
+	if_clr(ix, IF(RESOLVER));
+	ix->owner[0] = '\0';
+	stored_response_unref(ix->outcome);
+	ix->outcome = NULL;
+	claim(ix);
+}
+
+static void probe_answered(void *arg, int status, struct stored_response *resp)
+{
+	struct idem *ix = arg;
+	struct store *s = ix->env->store;
+	const struct store_key *k = &ix->req.claim.key;
+	int tries = if_has(ix, IF(RESOLVER)) ? 1 : PROBE_TRIES;
+
+	ix->probe = NULL;
+	ix->probe_status = status;
+	if (status >= 200 && status < 300 && resp != NULL) {
+		metrics_probe(PROBE_RESULT_FOUND);
+		stored_response_unref(ix->outcome);
+		ix->outcome = stored_response_ref(resp);
+		ix->op = store_complete(s, ix->env->base, k, ix->owner,
+					ix->req.claim.fp, resp,
+					ix->req.claim.ttl_ms, on_probe_written, ix);
+	} else if (status == 404) {
+		metrics_probe(PROBE_RESULT_ABSENT);
+		ix->op = store_release(s, ix->env->base, k, ix->owner,
+				       on_probe_written, ix);
+	} else {
+		if (ix->probes < tries) {
+			arm_timer(ix, backoff_ms(PROBE_BACKOFF_MS, ix->probes));
+			return;
+		}
+		probe_gave_up(ix);
+		return;
+	}
+	if (ix->op == NULL)
+		probe_gave_up(ix);
+}
+
+/* The key without the route's prefix: what the upstream knows it by. */
+static const char *client_key(const struct idem *ix)
+{
+	const char *key = ix->req.claim.key.key;
+	size_t n = strlen(ix->req.policy->key_prefix);
+
+	return strncmp(key, ix->req.policy->key_prefix, n) == 0 ? key + n : key;
+}
+
+static void ask_probe(struct idem *ix)
+{
+	ix->state = IDEM_ST_PROBE;
+	ix->probes++;
+	ix->probe = probe_start(ix->env->pool, ix->req.cfg, ix->req.policy,
+				client_key(ix), probe_answered, ix);
+	if (ix->probe != NULL)
+		return;
+	ix->probe_status = 0;
+	if (ix->probes < (if_has(ix, IF(RESOLVER)) ? 1 : PROBE_TRIES)) {
+		arm_timer(ix, backoff_ms(PROBE_BACKOFF_MS, ix->probes));
+		return;
+	}
+	probe_gave_up(ix);
 }
 
 /* ---- claiming and waiting ------------------------------------------ */
@@ -726,6 +1061,31 @@ static void forward_owned(struct idem *ix)
 			      OUTCOME_STORE_UNAVAILABLE);
 }
 
+/* A late win, never sent, was given back (or was not ours any more):
+ * claim again, with what is left of the wait. */
+static void on_retaken(void *arg, const struct store_result *res)
+{
+	struct idem *ix = arg;
+	uint64_t spent;
+
+	ix->op = NULL;
+	if (res->status == STORE_ERROR) {
+		refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE,
+			      "the idempotency store cannot be reached",
+			      OUTCOME_STORE_UNAVAILABLE);
+		return;
+	}
+	if_clr(ix, IF(OWNS));
+	metrics_gauge_add(GAUGE_in_flight, -1);
+	ix->owner[0] = '\0';
+	if (if_has(ix, IF(WAITED))) {
+		spent = clock_ms() - ix->wait_start_ms;
+		arm_timer(ix, spent < ix->req.policy->wait_timeout_ms ?
+			  ix->req.policy->wait_timeout_ms - spent : 0);
+	}
+	claim(ix);
+}
+
 /*
  * The extension of a late win answered. OK: the key is still ours, and
  * the lease runs from when the extension was sent. Fenced: another claim
@@ -736,7 +1096,6 @@ static void forward_owned(struct idem *ix)
 static void on_confirmed(void *arg, const struct store_result *res)
 {
 	struct idem *ix = arg;
-	uint64_t spent;
 
 	ix->op = NULL;
 	switch (res->status) {
@@ -745,17 +1104,19 @@ static void on_confirmed(void *arg, const struct store_result *res)
 		forward_owned(ix);
 		return;
 	case STORE_FENCED:
-		log_warn("key %s: taken over while its late win was confirmed; "
-			 "claiming again", ix->req.claim.key.key);
-		if_clr(ix, IF(OWNS));
-		metrics_gauge_add(GAUGE_in_flight, -1);
-		ix->owner[0] = '\0';
-		if (if_has(ix, IF(WAITED))) {
-			spent = clock_ms() - ix->wait_start_ms;
-			arm_timer(ix, spent < ix->req.policy->wait_timeout_ms ?
-				  ix->req.policy->wait_timeout_ms - spent : 0);
-		}
-		claim(ix);
+		/* taken over (an at-least-once route), purged, or - the lease
+		 * having run out - recorded as unknown under our token. Nothing
+		 * was sent: give it back if it is still ours, then claim again */
+		log_warn("key %s: the lease ran out before the request was sent; "
+			 "giving the key back and claiming again",
+			 ix->req.claim.key.key);
+		ix->state = IDEM_ST_RETAKE;
+		ix->op = store_release(ix->env->store, ix->env->base,
+				       &ix->req.claim.key, ix->owner,
+				       on_retaken, ix);
+		if (ix->op == NULL)
+			refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE, NULL,
+				      OUTCOME_STORE_UNAVAILABLE);
 		return;
 	default:
 		refuse_winner(ix, PROBLEM_STORE_UNAVAILABLE,
@@ -898,6 +1259,24 @@ static void on_claim(void *arg, const struct store_result *res)
 		ix->client = NULL;
 		idem_done(ix);
 		return;
+	case STORE_UNKNOWN:
+		if (res->lapsed) {
+			metrics_unknown_outcome(UNKNOWN_CAUSE_LEASE);
+			log_warn("key %s: its owner stopped extending the lease "
+				 "(killed, stalled or cut off from the store) while "
+				 "the request may have executed; its outcome is "
+				 "recorded as unknown and it is not sent again",
+				 ix->req.claim.key.key);
+		}
+		if (ix->req.policy->probe_target != NULL && ix->client != NULL) {
+			if_set(ix, IF(RESOLVER));
+			memcpy(ix->owner, res->owner, sizeof(ix->owner));
+			ix->outcome = stored_response_ref(res->resp);
+			ask_probe(ix);
+			return;
+		}
+		finish_replay(ix, res->resp);
+		return;
 	case STORE_MISMATCH:
 		finish_problem(ix, PROBLEM_KEY_MISMATCH,
 			       "this key was used with a different request "
@@ -981,12 +1360,43 @@ static void timer_cb(evutil_socket_t fd, short what, void *arg)
 		 * still in flight, it answers 409; settled, it goes on */
 		if_set(ix, IF(WAIT_EXPIRED));
 		return;
+	case IDEM_ST_PROBE:
+		ask_probe(ix);
+		return;
 	case IDEM_ST_CHECK:
 	case IDEM_ST_UNDO:
 	case IDEM_ST_CONFIRM:
+	case IDEM_ST_RETAKE:
 	case IDEM_ST_DONE:
 		return;
 	}
+}
+
+/* The route's upstream_deadline passed with no response head: the outcome
+ * is unknown (the request was sent). */
+static void deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct idem *ix = arg;
+	const char *detail;
+	enum problem p;
+
+	if (ix->state != IDEM_ST_FORWARD || ix->up == NULL)
+		return;
+	log_warn("key %s: no response within upstream_deadline (%.0f s); "
+		 "giving the exchange up", ix->req.claim.key.key,
+		 (double)ix->req.policy->upstream_deadline_ms / 1e3);
+	metrics_upstream_error(UPSTREAM_ERROR_TIMEOUT);
+	upstream_abort(ix->up);
+	ix->up = NULL;
+	if_set(ix, IF(FAILED) | IF(SENT));
+	ix->error = UPSTREAM_ERROR_TIMEOUT;
+	ix->cause = UNKNOWN_CAUSE_DEADLINE;
+	evtimer_del(ix->timer);
+	if (ix->client != NULL) {
+		p = failure_problem(ix, &detail);
+		ix->sink->failed(ix->client, p, detail);
+	}
+	settle(ix);
 }
 
 struct idem *idem_start(struct idem_env *env, struct idem_request *req,
@@ -1002,9 +1412,14 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 	ix->sink = sink;
 	ix->client = client;
 	ix->timer = evtimer_new(env->base, timer_cb, ix);
+	ix->deadline = evtimer_new(env->base, deadline_cb, ix);
 	ix->cap_head = evbuffer_new();
 	ix->cap_body = evbuffer_new();
-	if (ix->timer == NULL || ix->cap_head == NULL || ix->cap_body == NULL)
+	ix->cause = UNKNOWN_CAUSE_RESET;
+	/* only an at-least-once route takes over a claim whose lease ran out */
+	ix->req.claim.takeover = req->policy->unknown_outcome == UNKNOWN_RELEASE;
+	if (ix->timer == NULL || ix->deadline == NULL || ix->cap_head == NULL ||
+	    ix->cap_body == NULL)
 		goto fail;
 	if (req->unprotected) {
 		/* forwarded on the next loop turn, never inside this call */
@@ -1025,6 +1440,8 @@ fail:
 			config_unref(ix->req.cfg);
 		if (ix->timer != NULL)
 			event_free(ix->timer);
+		if (ix->deadline != NULL)
+			event_free(ix->deadline);
 		if (ix->cap_head != NULL)
 			evbuffer_free(ix->cap_head);
 		if (ix->cap_body != NULL)
@@ -1055,7 +1472,9 @@ void idem_abort_orphans(struct idem_env *env)
 	char flags[128];
 
 	while ((ix = TAILQ_FIRST(&env->orphans)) != NULL) {
-		log_warn("key %s: abandoned at shutdown [%s]; its lease will free it",
+		log_warn("key %s: abandoned at shutdown [%s]; once its lease runs "
+			 "out, a request that reached the upstream has an "
+			 "unknown outcome, any other is free again",
 			 ix->req.claim.key.key,
 			 idem_flags_str(ix->flags, flags, sizeof(flags)));
 		idem_done(ix);

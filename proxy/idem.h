@@ -66,7 +66,8 @@ struct idem_sink {
 	/* returns true when the client's output is full: pause the upstream */
 	bool (*body)(void *client, struct evbuffer *src, size_t len);
 	void (*done)(void *client);
-	void (*failed)(void *client, enum upstream_error err);
+	/* the exchange failed, or its head is late (504): answer p */
+	void (*failed)(void *client, enum problem p, const char *detail);
 	void (*settled)(void *client);
 };
 
@@ -98,11 +99,8 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 void idem_detach(struct idem *ix);
 /* The client's output drained: read the upstream again. */
 void idem_resume(struct idem *ix);
-/* Drain timeout: abandon every orphan of env (leases resolve the keys). */
+/* Drain timeout: abandon every orphan of env (their leases run out, and
+ * the keys of those that reached the upstream become unknown outcomes). */
 void idem_abort_orphans(struct idem_env *env);
-
-/* Is this response status one that releases the key rather than being
- * stored (5xx unless kept, 401, 408, 425, 429)? */
-bool idem_status_releases(int status, enum upstream_error_mode mode);
 
 #endif

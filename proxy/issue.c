@@ -52,6 +52,7 @@ void issue_marker(const char *key, uint64_t ttl_ms, struct store_claim *m)
 	snprintf(m->key.key, sizeof(m->key.key), "%s", key);
 	m->lease_ms = ttl_ms;
 	m->ttl_ms = ttl_ms;
+	m->takeover = true;	/* a marker is no request: it just lapses */
 }
 
 time_t issue_time(const char *key)

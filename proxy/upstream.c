@@ -87,6 +87,7 @@ struct upstream {
 	bool keep_alive;	/* the upstream allows reuse */
 	bool read_paused;
 	bool sent;		/* upstream_request_sent() was called */
+	bool slow;		/* the head is late and the owner waits on */
 	bool dead;		/* closed; free when the callback unwinds */
 	int depth;		/* callbacks of ours on the stack */
 
@@ -248,15 +249,21 @@ static void re_resolve(struct upstream_pool *p)
 static void up_fail(struct upstream *u, enum upstream_error err)
 {
 	const struct upstream_cbs *cbs = u->cbs;
-	bool retryable = u->reused && !u->got_bytes && err == UPSTREAM_ERROR_RESET;
+	unsigned how = 0;
 
+	/* the state is CONNECTING until the TCP connect and any TLS handshake
+	 * are over, and nothing of the request is written before */
+	if (u->state != UP_ST_CONNECTING)
+		how |= UPSTREAM_SENT;
+	if (u->reused && !u->got_bytes && err == UPSTREAM_ERROR_RESET)
+		how |= UPSTREAM_RETRYABLE;
 	metrics_upstream_error(err);
 	if (err == UPSTREAM_ERROR_CONNECT)
 		re_resolve(u->pool);
 	if (cbs != NULL) {
 		u->cbs = NULL;
 		u->depth++;
-		cbs->on_error(u->arg, err, retryable);
+		cbs->on_error(u->arg, err, how);
 		if (up_leave(u))
 			return;
 	}
@@ -356,6 +363,10 @@ static int handle_head(struct upstream *u)
 	u->body = resp.body;
 	u->remaining = resp.content_length;
 	u->phase = UP_PH_BODY;
+	if (u->slow) {
+		u->slow = false;
+		set_timeouts(u);	/* each gap in the body is timed again */
+	}
 	if (u->cbs != NULL)
 		u->cbs->on_head(u->arg, &resp);
 	if (resp.body == BODY_CHUNKED)
@@ -633,6 +644,31 @@ static void up_connect_failed(struct upstream *u, short what, int sys)
 	up_fail(u, timeout ? UPSTREAM_ERROR_TIMEOUT : UPSTREAM_ERROR_CONNECT);
 }
 
+/*
+ * The read timeout fired while the final head is awaited after the whole
+ * request was sent: may the owner wait on (on_slow)? Then reading goes on
+ * with no read timeout until the head comes (writes stay timed). Returns
+ * true when the exchange goes on, or u died in the callback.
+ */
+static bool head_is_late(struct upstream *u)
+{
+	bool wait;
+
+	if (u->phase != UP_PH_HEAD || !u->sent || u->cbs == NULL ||
+	    u->cbs->on_slow == NULL)
+		return false;
+	u->depth++;
+	wait = u->cbs->on_slow(u->arg);
+	if (up_leave(u))
+		return true;
+	if (!wait || u->cbs == NULL)
+		return false;
+	u->slow = true;
+	bufferevent_set_timeouts(u->bev, NULL, &u->timeout);
+	bufferevent_enable(u->bev, EV_READ);
+	return true;
+}
+
 static void event_cb(struct bufferevent *bev, short what, void *arg)
 {
 	struct upstream *u = arg;
@@ -681,6 +717,8 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 			bufferevent_enable(bev, EV_READ);
 			return;
 		}
+		if ((what & BEV_EVENT_READING) && head_is_late(u))
+			return;
 		up_fail(u, UPSTREAM_ERROR_TIMEOUT);
 		return;
 	}
@@ -753,7 +791,7 @@ static void read_on(struct upstream *u)
  * (which waits for the upstream's answers before the request is out). */
 static void set_timeouts(struct upstream *u)
 {
-	bool reading = u->sent || (u->state == UP_ST_CONNECTING &&
+	bool reading = (u->sent && !u->slow) || (u->state == UP_ST_CONNECTING &&
 				   u->pool->target.tls != NULL);
 
 	bufferevent_set_timeouts(u->bev, reading ? &u->timeout : NULL,
@@ -989,6 +1027,7 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 	u->timeout = clock_tv(timeout_ms);
 	parser_reset(u);
 	u->sent = false;
+	u->slow = false;
 	set_timeouts(u);
 	if (u->state == UP_ST_CONNECTING)
 		bufferevent_enable(u->bev, EV_READ | EV_WRITE);	/* the connect */

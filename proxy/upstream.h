@@ -47,13 +47,26 @@ struct upstream_cbs {
 	void (*on_body)(void *arg, struct evbuffer *src, size_t len);
 	/* The response is complete; release or abort the handle. */
 	void (*on_done)(void *arg);
-	/* The exchange failed; the handle is dead when this returns. `retryable`
-	 * is true when a reused keep-alive connection failed before a single
-	 * response byte arrived (the upstream had closed it). */
-	void (*on_error)(void *arg, enum upstream_error err, bool retryable);
+	/* The exchange failed; the handle is dead when this returns. `how`
+	 * says what may have happened to the request (UPSTREAM_SENT and
+	 * UPSTREAM_RETRYABLE bits). */
+	void (*on_error)(void *arg, enum upstream_error err, unsigned how);
+	/* The final response head is later than the timeout after the request
+	 * was sent. Return true to go on waiting with no head timeout (the
+	 * owner bounds the exchange itself, e.g. with upstream_abort());
+	 * false, or no callback: the exchange fails with a timeout. */
+	bool (*on_slow)(void *arg);
 	/* The request output fell below the low watermark: send more. */
 	void (*on_drain)(void *arg);
 };
+
+/* What a failed exchange's request may have done (on_error's `how`). */
+#define UPSTREAM_SENT	   0x01	/* the connection was up: request bytes
+				 * may have reached the upstream (else none
+				 * left: a connect or TLS handshake failed) */
+#define UPSTREAM_RETRYABLE 0x02	/* a reused keep-alive connection failed
+				 * before a single response byte arrived
+				 * (the upstream had closed it) */
 
 /* Where to connect and how to re-resolve a name after failures. */
 struct upstream_target {

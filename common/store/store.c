@@ -15,6 +15,7 @@
 #include <openssl/rand.h>
 
 #include "hex.h"
+#include "problem.h"
 #include "siphash.h"
 
 /* One block: the struct, then head and body, each NUL-terminated. */
@@ -42,6 +43,28 @@ struct stored_response *stored_response_new(int status, const char *head,
 		memcpy(r->body, body, body_len);
 	r->body[body_len] = '\0';
 	r->body_len = body_len;
+	r->unknown = false;
+	return r;
+}
+
+struct stored_response *stored_response_unknown(const char *detail)
+{
+	static const char head[] = "Content-Type: application/problem+json\r\n";
+	struct stored_response *r;
+	char body[2048];
+	size_t len;
+
+	if (detail == NULL)
+		detail = "the request reached the upstream and its outcome is "
+			 "unknown: the proxy executing it stopped (killed, "
+			 "stalled or cut off from the store) before it recorded "
+			 "the response; it may have executed. It is not sent "
+			 "again: resolve it through the key API";
+	len = problem_render(PROBLEM_OUTCOME_UNKNOWN, detail, body, sizeof(body));
+	r = stored_response_new(problem_status(PROBLEM_OUTCOME_UNKNOWN), head,
+				sizeof(head) - 1, body, len, true);
+	if (r != NULL)
+		r->unknown = true;
 	return r;
 }
 
@@ -64,6 +87,7 @@ const char *store_status_name(enum store_status s)
 {
 	static const char *const names[] = {
 		[STORE_WON] = "won", [STORE_COMPLETED] = "completed",
+		[STORE_UNKNOWN] = "unknown",
 		[STORE_IN_FLIGHT] = "in_flight", [STORE_MISMATCH] = "mismatch",
 		[STORE_OK] = "ok", [STORE_FENCED] = "fenced",
 		[STORE_SETTLED] = "settled", [STORE_FULL] = "full",

@@ -2,8 +2,9 @@
  * store.h - the idempotency store interface.
  *
  * A store keeps one record per (scope, key): its fingerprint, its state
- * (in flight under a lease held by an owner token, or completed with a
- * stored response) and its expiry. Backends: the embedded memory store
+ * (in flight under a lease held by an owner token, completed with a
+ * stored response, or of unknown outcome: the request may have executed
+ * and nothing says what it did) and its expiry. Backends: the embedded memory store
  * (store_memory.c) and, beside it, PostgreSQL with an optional Redis fast
  * path. The engine (proxy/idem.c) sees only this interface.
  *
@@ -56,6 +57,10 @@ struct stored_response {
 	char *body;
 	size_t body_len;
 	bool body_stored;	/* false: too large; duplicates get 409 */
+	/* the outcome is unknown: this is the problem document replayed in
+	 * its place (502 outcome-unknown). Never cached in front of the
+	 * store; its owner's completion replaces it. */
+	bool unknown;
 	char data[];		/* head and body point in here */
 };
 
@@ -63,6 +68,10 @@ struct stored_response *stored_response_new(int status, const char *head,
 					    size_t head_len, const char *body,
 					    size_t body_len, bool body_stored);
 struct stored_response *stored_response_ref(struct stored_response *r);
+/* The problem document an unknown outcome is replayed as (unknown set):
+ * 502 outcome-unknown with detail, or the one for an owner that stopped
+ * extending its lease when detail is NULL. NULL when out of memory. */
+struct stored_response *stored_response_unknown(const char *detail);
 void stored_response_unref(struct stored_response *r);
 
 /* What a record is addressed by. */
@@ -74,6 +83,9 @@ struct store_key {
 enum store_status {
 	STORE_WON,		/* claim: ours now (new, expired or taken over) */
 	STORE_COMPLETED,	/* claim: completed, same fingerprint: replay */
+	STORE_UNKNOWN,		/* claim: its outcome is unknown, same
+				 * fingerprint: replay resp; owner is the
+				 * handle that resolves it (complete, release) */
 	STORE_IN_FLIGHT,	/* claim: another owner holds a live lease */
 	STORE_MISMATCH,		/* claim: the record has another fingerprint */
 	STORE_OK,		/* complete / release / extend done */
@@ -101,7 +113,8 @@ const char *store_status_name(enum store_status s);
 struct store_record {
 	unsigned found;		/* STORE_IN_* bits */
 	unsigned unreached;	/* STORE_IN_* bits: could not be asked */
-	bool completed;		/* else in flight */
+	bool completed;		/* settled (or unknown), else in flight */
+	bool unknown;		/* the outcome is unknown */
 	uint8_t fp[FP_LEN];
 	char owner[STORE_OWNER_LEN + 1];	/* in flight */
 	int64_t created_ms, expires_ms, lease_until_ms;
@@ -112,8 +125,12 @@ struct store_record {
 
 struct store_result {
 	enum store_status status;
-	/* STORE_WON: the handle to complete, release or extend with */
+	/* STORE_WON: the handle to complete, release or extend with;
+	 * STORE_UNKNOWN: the original owner's, to resolve the outcome with */
 	char owner[STORE_HANDLE_MAX + 1];
+	/* STORE_UNKNOWN: this very claim found the owner's lease run out and
+	 * recorded the outcome as unknown (else it was so already) */
+	bool lapsed;
 	/* STORE_COMPLETED, and an inspect that asked for the body: a
 	 * reference handed to the callback, which must take its own with
 	 * stored_response_ref() to keep it */
@@ -135,6 +152,10 @@ struct store_claim {
 	uint64_t ttl_ms;	/* record lifetime (in flight: from the claim) */
 	bool wait;		/* an answer in flight is waited for (watch):
 				 * the store makes its completion wake us */
+	/* a record whose owner's lease ran out is taken over (won again, for
+	 * at-least-once routes and issued-key markers); else its outcome
+	 * becomes unknown (STORE_UNKNOWN, lapsed) and nothing is won */
+	bool takeover;
 };
 
 /* The operations a backend implements; see the wrappers below. */
@@ -187,7 +208,7 @@ struct store {
 
 /*
  * Claim (scope, key) for a request with fingerprint fp. Results: WON,
- * COMPLETED, IN_FLIGHT, MISMATCH (checked before the in-flight state), FULL
+ * COMPLETED, UNKNOWN, IN_FLIGHT, MISMATCH (checked before any state), FULL
  * or ERROR.
  */
 static inline struct store_op *store_claim(struct store *s, struct event_base *b,
@@ -197,9 +218,12 @@ static inline struct store_op *store_claim(struct store *s, struct event_base *b
 	return s->ops->claim(s, b, c, cb, arg);
 }
 
-/* Complete an in-flight record we own with resp (a reference is taken);
- * it expires ttl_ms from now. fp is the claim's fingerprint (for caches in
- * front: the record they keep carries it). OK, FENCED or ERROR. */
+/* Complete a record we own with resp (a reference is taken); it expires
+ * ttl_ms from now. In flight, or of unknown outcome: resp replaces it
+ * (resp->unknown: the outcome is recorded as unknown); completed already
+ * (a re-sent completion): unchanged. fp is the claim's fingerprint (for
+ * caches in front: the record they keep carries it). OK, FENCED or
+ * ERROR. */
 static inline struct store_op *store_complete(struct store *s, struct event_base *b,
 					      const struct store_key *k,
 					      const char *owner,
@@ -210,7 +234,8 @@ static inline struct store_op *store_complete(struct store *s, struct event_base
 	return s->ops->complete(s, b, k, owner, fp, resp, ttl_ms, cb, arg);
 }
 
-/* Delete an in-flight record we own, so that a retry can execute. */
+/* Delete a record we own, in flight or of unknown outcome, so that a
+ * retry can execute. OK, FENCED or ERROR. */
 static inline struct store_op *store_release(struct store *s, struct event_base *b,
 					     const struct store_key *k,
 					     const char *owner, store_cb cb, void *arg)
@@ -228,7 +253,7 @@ static inline struct store_op *store_extend(struct store *s, struct event_base *
 }
 
 /* Tell me (SETTLED) when this key stops being in flight: completed,
- * released, expired, or its lease ran out (a takeover is possible). */
+ * unknown, released, expired, or its lease ran out (a claim decides). */
 static inline struct store_op *store_watch(struct store *s, struct event_base *b,
 					   const struct store_key *k, store_cb cb,
 					   void *arg)

@@ -373,7 +373,8 @@ static void complete_inner_cb(void *arg, const struct store_result *res)
 	struct cop *o = arg;
 
 	o->inner = NULL;
-	if (res->status == STORE_OK)
+	/* an unknown outcome is never a copy: its owner may replace it */
+	if (res->status == STORE_OK && !o->resp->unknown)
 		fill(o->cs, o, o->resp, o->start_ms + o->ttl_ms);
 	o->cb(o->arg, res);
 	cop_free(o);

@@ -71,8 +71,11 @@ struct mem_entry {
 	uint64_t hash;
 	size_t id_len;
 	uint8_t fp[FP_LEN];
-	bool completed;
-	char owner[STORE_OWNER_LEN + 1];
+	bool completed;			/* resp set: completed, or unknown
+					 * (resp->unknown) */
+	char owner[STORE_OWNER_LEN + 1];	/* kept once completed: an
+						 * unknown outcome's owner
+						 * may still resolve it */
 	uint64_t lease_until;		/* in flight */
 	uint64_t created_at;		/* claimed (or taken over) */
 	uint64_t expires_at;
@@ -421,6 +424,28 @@ static struct store_op *op_post(struct mem_op *o, enum store_status st)
 	return &o->op;
 }
 
+/* Record the outcome of in-flight e, whose lease ran out, as unknown: it
+ * lives ttl from now, keeps its owner (who may still complete it), and
+ * its waiters wake to replay it. Under mu. 0, or -1 out of memory. */
+static int make_unknown(struct mem_store *m, struct mem_entry *e,
+			const struct store_claim *c, uint64_t now)
+{
+	struct stored_response *r = stored_response_unknown(NULL);
+	size_t size;
+
+	if (r == NULL)
+		return -1;
+	size = r->head_len + r->body_len + sizeof(*r);
+	e->completed = true;
+	e->resp = r;
+	e->bytes += size;
+	m->bytes += size;
+	e->lease_until = 0;
+	e->expires_at = now + c->ttl_ms;
+	wake_waiters(e);
+	return 0;
+}
+
 static struct store_op *mem_claim(struct store *s, struct event_base *base,
 				  const struct store_claim *c, store_cb cb, void *arg)
 {
@@ -476,7 +501,18 @@ static struct store_op *mem_claim(struct store *s, struct event_base *base,
 		st = STORE_MISMATCH;	/* before the in-flight state */
 	} else if (e->completed) {
 		o->res.resp = stored_response_ref(e->resp);
-		st = STORE_COMPLETED;
+		st = e->resp->unknown ? STORE_UNKNOWN : STORE_COMPLETED;
+		if (st == STORE_UNKNOWN)
+			memcpy(o->res.owner, e->owner, sizeof(e->owner));
+	} else if (e->lease_until <= now && !c->takeover) {
+		/* the owner is gone, stuck or cut off: the request may have
+		 * executed, and is never executed again */
+		st = make_unknown(m, e, c, now) == 0 ? STORE_UNKNOWN : STORE_ERROR;
+		if (st == STORE_UNKNOWN) {
+			o->res.resp = stored_response_ref(e->resp);
+			memcpy(o->res.owner, e->owner, sizeof(e->owner));
+			o->res.lapsed = true;
+		}
 	} else if (e->lease_until <= now) {
 		/* the owner is gone or stuck: take over */
 		if (store_new_owner(o->res.owner) < 0) {
@@ -498,17 +534,32 @@ out:
 	return op_post(o, st);
 }
 
-/* Find the in-flight record k owned by owner. Under mu. */
+/* Find the record k owned by owner: in flight, or (unknown_too) of
+ * unknown outcome. Under mu. */
 static struct mem_entry **find_owned(struct mem_store *m, const struct store_key *k,
-				     const char *owner)
+				     const char *owner, bool unknown_too)
 {
 	char id[STORE_ID_MAX];
 	size_t len = store_key_id(k, id);
 	struct mem_entry **pp = find(m, id, len, id_hash(m, id, len));
 
-	if (pp == NULL || (*pp)->completed || strcmp((*pp)->owner, owner) != 0)
+	if (pp == NULL || strcmp((*pp)->owner, owner) != 0)
+		return NULL;
+	if ((*pp)->completed && !(unknown_too && (*pp)->resp->unknown))
 		return NULL;
 	return pp;
+}
+
+/* e's unknown outcome goes: its placeholder response is dropped. */
+static void drop_unknown(struct mem_store *m, struct mem_entry *e)
+{
+	size_t size = e->resp->head_len + e->resp->body_len + sizeof(*e->resp);
+
+	e->bytes -= size;
+	m->bytes -= size;
+	stored_response_unref(e->resp);
+	e->resp = NULL;
+	e->completed = false;
 }
 
 static struct store_op *mem_complete(struct store *s, struct event_base *base,
@@ -527,9 +578,11 @@ static struct store_op *mem_complete(struct store *s, struct event_base *base,
 		return NULL;
 	pthread_mutex_lock(&m->mu);
 	op_begin(m);
-	pp = find_owned(m, k, owner);
+	pp = find_owned(m, k, owner, true);
 	if (pp == NULL)
 		goto out;
+	if ((*pp)->completed)
+		drop_unknown(m, *pp);	/* replaced by what is known now */
 	size = resp->head_len + resp->body_len + sizeof(*resp);
 	if (m->bytes + size > m->max_bytes) {
 		uint64_t now = m->clock();
@@ -542,7 +595,7 @@ static struct store_op *mem_complete(struct store *s, struct event_base *base,
 		}
 		sweep_some(m, STORE_MEMORY_SWEEP_BUCKETS,
 			   STORE_MEMORY_SWEEP_RECORDS, now);
-		pp = find_owned(m, k, owner);	/* a neighbour may have gone */
+		pp = find_owned(m, k, owner, false);	/* a neighbour may have gone */
 		if (pp == NULL)
 			goto out;
 	}
@@ -553,8 +606,10 @@ static struct store_op *mem_complete(struct store *s, struct event_base *base,
 		struct stored_response *slim = stored_response_new(
 			resp->status, "", 0, "", 0, false);
 
-		if (slim != NULL)
+		if (slim != NULL) {
+			slim->unknown = resp->unknown;
 			resp = slim;
+		}
 		size = sizeof(*resp);
 	} else {
 		stored_response_ref(resp);
@@ -563,6 +618,7 @@ static struct store_op *mem_complete(struct store *s, struct event_base *base,
 	e->resp = resp;
 	e->bytes += size;
 	m->bytes += size;
+	e->lease_until = 0;
 	e->expires_at = m->clock() + ttl_ms;
 	wake_waiters(e);
 	st = STORE_OK;
@@ -585,7 +641,7 @@ static struct store_op *mem_release(struct store *s, struct event_base *base,
 		return NULL;
 	pthread_mutex_lock(&m->mu);
 	op_begin(m);
-	pp = find_owned(m, k, owner);
+	pp = find_owned(m, k, owner, true);
 	if (pp != NULL) {
 		remove_entry(m, pp);
 		st = STORE_OK;
@@ -608,7 +664,7 @@ static struct store_op *mem_extend(struct store *s, struct event_base *base,
 		return NULL;
 	pthread_mutex_lock(&m->mu);
 	op_begin(m);
-	pp = find_owned(m, k, owner);
+	pp = find_owned(m, k, owner, false);
 	if (pp != NULL) {
 		struct mem_entry *e = *pp;
 
@@ -677,6 +733,7 @@ static void describe(const struct mem_entry *e, uint64_t now,
 {
 	rec->found = STORE_IN_MEMORY;
 	rec->completed = e->completed;
+	rec->unknown = e->completed && e->resp->unknown;
 	memcpy(rec->fp, e->fp, FP_LEN);
 	rec->created_ms = store_unix_ms(e->created_at, now);
 	rec->expires_ms = store_unix_ms(e->expires_at, now);
@@ -762,7 +819,7 @@ static void mem_cancel(struct store_op *op)
 		struct mem_entry **pp;
 
 		pthread_mutex_lock(&m->mu);
-		pp = find_owned(m, &o->key, o->res.owner);
+		pp = find_owned(m, &o->key, o->res.owner, false);
 		if (pp != NULL && o->took_over) {
 			(*pp)->lease_until = m->clock();
 			wake_waiters(*pp);

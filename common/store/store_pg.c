@@ -45,7 +45,7 @@
  * payload "<scope>:<key>"; each thread's listener connection wakes its
  * waiters. A release notifies in its own transaction. A completion is
  * announced only when a waiter marked its record (a claim with
- * store_claim.wait that found it in flight: idemproxy_claim5), after the
+ * store_claim.wait that found it in flight: idemproxy_claim6), after the
  * batch committed, by a transaction of its own that does not wait for its
  * WAL flush (store_pg_wake_sql), so that notifying commits, which
  * PostgreSQL serialises, never hold that lock through a flush; a key
@@ -102,15 +102,17 @@
 /*
  * $1 scope, $2 key, $3 fingerprint, $4 owner, $5 lease ms, $6 ttl ms, $7
  * the key's lock (pg_lock_id()), $8 whether the caller waits for a record
- * in flight. idemproxy_claim5 (store_pg_schema.c):
+ * in flight, $9 whether a record whose lease ran out is taken over (else
+ * its outcome becomes unknown). idemproxy_claim6 (store_pg_schema.c):
  *
  * The key's advisory lock first (one claim of a key at a time, whatever
  * partition each would write), then a read in a statement newer than the
  * lock. Write only when needed: a replay, an in-flight duplicate or a
  * mismatch reads the row and nothing else (no row lock, no transaction
  * id, no WAL, no flush at commit). A new key is inserted; an expired
- * record, or one whose lease ran out with the same fingerprint, is taken
- * over (moved to the current partition). A row this
+ * record is taken over (moved to the current partition); one whose lease
+ * ran out, with the same fingerprint, is recorded as of unknown outcome
+ * ('lapsed'), or taken over when $9 says so. A row this
  * owner already holds (an earlier attempt of this very claim committed,
  * but its outcome was lost with the connection) is reported won again: a
  * claim can be re-sent until its outcome is known. That row is written
@@ -148,12 +150,13 @@ const char store_pg_claim_sql[] =
 	"   LIMIT 1),\n"
 	"hit AS (\n"
 	"  SELECT c.state, c.fingerprint, c.status, c.headers, c.body,\n"
-	"         c.ttl_left, NULL::bigint AS part_hint\n"
+	"         c.ttl_left, NULL::bigint AS part_hint, NULL::text AS rec_owner\n"
 	"    FROM c WHERE c.state = 'completed' AND c.expires_at > now())\n"
 	"SELECT * FROM hit\n"
 	"UNION ALL\n"
-	"SELECT state, fingerprint, status, headers, body, ttl_left, part_hint\n"
-	"  FROM idemproxy_claim5($1, $2, $3, $4, $5, $6, $7, $8)\n"
+	"SELECT state, fingerprint, status, headers, body, ttl_left, part_hint,\n"
+	"       rec_owner\n"
+	"  FROM idemproxy_claim6($1, $2, $3, $4, $5, $6, $7, $8, $9)\n"
 	" WHERE NOT EXISTS (SELECT 1 FROM hit)";
 
 /*
@@ -183,13 +186,17 @@ const char store_pg_claim_sql[] =
 
 /*
  * $1 scope, $2 key, $3 owner, $4 status, $5 headers, $6 body (NULL: not
- * stored), $7 ttl ms, $8 the claim's part hint. One row: 'completed', and
- * whether a waiter marked the record (then the waiters are woken after the
- * commit, store_pg_wake_sql), when this owner holds the key: in flight (the
- * response is stored) or completed already (a re-sent completion whose
- * first attempt committed: the row is written again, unchanged); NULLs
- * when fenced. A completed row keeps its owner, which is what makes the
- * re-send recognisable. Fenced writes all the same (WRITES_ANYWAY).
+ * stored), $7 ttl ms, $8 the claim's part hint, $9 the response is an
+ * unknown outcome's problem. One row: 'completed', and whether a waiter
+ * marked the record (then the waiters are woken after the commit,
+ * store_pg_wake_sql), when this owner holds the key: in flight or of
+ * unknown outcome (the response is stored: state 'completed', or
+ * 'unknown' with $9) or completed already (a re-sent completion whose
+ * first attempt committed, or an unknown outcome somebody resolved: the
+ * row is written again, unchanged); NULLs when fenced. A completed row
+ * keeps its owner, which is what makes the re-send recognisable, and an
+ * unknown one too: the owner's late completion replaces it. Fenced writes
+ * all the same (WRITES_ANYWAY).
  *
  * watched is read as the row is written: a waiter's claim marks the row
  * with an UPDATE too, so the row lock orders the two. A mark committed
@@ -208,19 +215,22 @@ const char store_pg_claim_sql[] =
 const char store_pg_complete_sql[] =
 	"WITH u AS (\n"
 	"  UPDATE idempotency_keys\n"
-	"     SET status = CASE WHEN state = 'in_flight' THEN $4 ELSE status END,\n"
-	"         headers = CASE WHEN state = 'in_flight' THEN $5 ELSE headers END,\n"
-	"         body = CASE WHEN state = 'in_flight' THEN $6 ELSE body END,\n"
-	"         expires_at = CASE WHEN state = 'in_flight'\n"
+	"     SET status = CASE WHEN state <> 'completed' THEN $4 ELSE status END,\n"
+	"         headers = CASE WHEN state <> 'completed' THEN $5 ELSE headers END,\n"
+	"         body = CASE WHEN state <> 'completed' THEN $6 ELSE body END,\n"
+	"         expires_at = CASE WHEN state <> 'completed'\n"
 	"                      THEN now() + $7 * interval '1 millisecond'\n"
 	"                      ELSE expires_at END,\n"
-	"         part_at = CASE WHEN state = 'in_flight'\n"
+	"         part_at = CASE WHEN state <> 'completed'\n"
 	"                          AND part_at > '-infinity'\n"
 	"                   THEN greatest(part_at, clock_timestamp())\n"
 	"                   ELSE part_at END,\n"
-	"         state = 'completed', lease_until = NULL\n"
+	"         state = CASE WHEN state <> 'completed' AND $9 THEN 'unknown'\n"
+	"                      ELSE 'completed' END,\n"
+	"         lease_until = NULL\n"
 	"   WHERE scope = $1 AND key = $2 AND owner = $3\n"
-	"     AND state IN ('in_flight', 'completed') AND " PART_SINCE("$8") "\n"
+	"     AND state IN ('in_flight', 'unknown', 'completed')\n"
+	"     AND " PART_SINCE("$8") "\n"
 	"  RETURNING watched)\n"
 	"SELECT (SELECT 'completed'::text FROM u), (SELECT watched IS TRUE FROM u),\n"
 	"       " WRITES_ANYWAY("u");
@@ -240,13 +250,14 @@ const char store_pg_wake_sql[] =
 
 /*
  * $1 scope, $2 key, $3 owner, $4 part hint. One row: 'released', or NULL
- * when the record was not ours in flight; the transaction writes either
- * way (WRITES_ANYWAY).
+ * when the record was not ours in flight or of unknown outcome; the
+ * transaction writes either way (WRITES_ANYWAY).
  */
 static const char release_sql[] =
 	"WITH d AS (\n"
 	"  DELETE FROM idempotency_keys\n"
-	"   WHERE scope = $1 AND key = $2 AND owner = $3 AND state = 'in_flight'\n"
+	"   WHERE scope = $1 AND key = $2 AND owner = $3\n"
+	"     AND state IN ('in_flight', 'unknown')\n"
 	"     AND " PART_SINCE("$4") "\n"
 	"  RETURNING 1)\n"
 	"SELECT (SELECT 'released'::text\n"
@@ -395,6 +406,7 @@ static void abandon_copy(const struct pg_op *o)
 	memcpy(a->owner, o->owner, sizeof(a->owner));
 	a->lease_ms = o->lease_ms;
 	a->ttl_ms = o->ttl_ms;
+	a->takeover = o->takeover;
 	a->sent = true;
 	abandon(a);
 	pg_enqueue(a, false);
@@ -419,6 +431,8 @@ void pg_give_up(struct pg_op *o)
 	pg_op_finish(o, STORE_ERROR);
 }
 
+static void get_text(const PGresult *r, int row, int col, char *out, size_t cap);
+
 /* Read a binary int8 column. */
 static uint64_t get_int8(const PGresult *r, int row, int col)
 {
@@ -437,6 +451,38 @@ static int get_int4(const PGresult *r, int row, int col)
 
 	memcpy(&v, PQgetvalue(r, row, col), 4);
 	return (int)ntohl(v);
+}
+
+/*
+ * A claim found the record's outcome unknown (or, lapsed, made it so): the
+ * problem to replay - the row's own when its owner wrote one, else the
+ * one for an owner that stopped extending its lease - and the owner's
+ * handle, which resolves it.
+ */
+static void unknown_result(struct pg_op *o, const PGresult *r, bool lapsed)
+{
+	char owner[STORE_OWNER_LEN + 1];
+
+	if (!PQgetisnull(r, 0, 4)) {
+		o->res.resp = stored_response_new(get_int4(r, 0, 2),
+			PQgetvalue(r, 0, 3), (size_t)PQgetlength(r, 0, 3),
+			PQgetvalue(r, 0, 4), (size_t)PQgetlength(r, 0, 4), true);
+		if (o->res.resp != NULL)
+			o->res.resp->unknown = true;
+	} else {
+		o->res.resp = stored_response_unknown(NULL);
+	}
+	get_text(r, 0, 7, owner, sizeof(owner));
+	if (PQgetisnull(r, 0, 6))
+		memcpy(o->res.owner, owner, sizeof(owner));
+	else
+		snprintf(o->res.owner, sizeof(o->res.owner), "%s@%lld", owner,
+			 (long long)get_int8(r, 0, 6));
+	if (!PQgetisnull(r, 0, 5) && PQgetlength(r, 0, 5) == 8)
+		o->res.ttl_left_ms = get_int8(r, 0, 5);
+	o->res.lapsed = lapsed;
+	pg_op_finish(o, o->res.resp != NULL && owner[0] != '\0' ?
+			STORE_UNKNOWN : STORE_ERROR);
 }
 
 /* A committed claim's row: won, or the existing record. */
@@ -477,6 +523,11 @@ static void claim_result(struct pg_op *o, const PGresult *r)
 	if (PQgetlength(r, 0, 1) != FP_LEN ||
 	    memcmp(PQgetvalue(r, 0, 1), o->fp, FP_LEN) != 0) {
 		pg_op_finish(o, STORE_MISMATCH);
+		return;
+	}
+	if ((slen == 6 && memcmp(state, "lapsed", 6) == 0) ||
+	    (slen == 7 && memcmp(state, "unknown", 7) == 0)) {
+		unknown_result(o, r, slen == 6);
 		return;
 	}
 	if (slen == 9 && memcmp(state, "completed", 9) == 0) {
@@ -522,7 +573,8 @@ static void inspect_result(struct pg_op *o, const PGresult *r)
 	}
 	get_text(r, 0, 0, state, sizeof(state));
 	rec->found = STORE_IN_POSTGRES;
-	rec->completed = strcmp(state, "completed") == 0;
+	rec->unknown = strcmp(state, "unknown") == 0;
+	rec->completed = rec->unknown || strcmp(state, "completed") == 0;
 	if (PQgetlength(r, 0, 1) == FP_LEN)
 		memcpy(rec->fp, PQgetvalue(r, 0, 1), FP_LEN);
 	if (!rec->completed)
@@ -538,10 +590,15 @@ static void inspect_result(struct pg_op *o, const PGresult *r)
 	if (o->body && rec->completed) {
 		bool stored = !PQgetisnull(r, 0, 11);
 
-		o->res.resp = stored_response_new(rec->status,
-			PQgetvalue(r, 0, 10), (size_t)PQgetlength(r, 0, 10),
-			stored ? PQgetvalue(r, 0, 11) : "",
-			stored ? (size_t)PQgetlength(r, 0, 11) : 0, stored);
+		if (rec->unknown && !stored)
+			o->res.resp = stored_response_unknown(NULL);
+		else
+			o->res.resp = stored_response_new(rec->status,
+				PQgetvalue(r, 0, 10), (size_t)PQgetlength(r, 0, 10),
+				stored ? PQgetvalue(r, 0, 11) : "",
+				stored ? (size_t)PQgetlength(r, 0, 11) : 0, stored);
+		if (o->res.resp != NULL)
+			o->res.resp->unknown = rec->unknown;
 		if (o->res.resp == NULL) {
 			pg_op_finish(o, STORE_ERROR);
 			return;
@@ -562,7 +619,8 @@ static void purge_result(struct pg_op *o, const PGresult *r)
 	}
 	get_text(r, 0, 0, state, sizeof(state));
 	rec->found = STORE_IN_POSTGRES;
-	rec->completed = strcmp(state, "completed") == 0;
+	rec->unknown = strcmp(state, "unknown") == 0;
+	rec->completed = rec->unknown || strcmp(state, "completed") == 0;
 	if (PQgetlength(r, 0, 1) == FP_LEN)
 		memcpy(rec->fp, PQgetvalue(r, 0, 1), FP_LEN);
 	if (!rec->completed)
@@ -639,8 +697,8 @@ int64_t pg_lock_id(const struct store_key *k)
 int pg_send_op(struct pg_conn *c, struct pg_op *o)
 {
 	char lease[24], ttl[24], status[16], batch[16], lock[24];
-	const char *v[8];
-	int len[8] = { 0 }, fmt[8] = { 0 };
+	const char *v[9];
+	int len[9] = { 0 }, fmt[9] = { 0 };
 	const char *hint = o->hint[0] != '\0' ? o->hint : NULL;
 	int n = 0;
 
@@ -653,7 +711,8 @@ int pg_send_op(struct pg_conn *c, struct pg_op *o)
 		v[2] = (const char *)o->fp; len[2] = FP_LEN; fmt[2] = 1;
 		v[3] = o->owner; v[4] = lease; v[5] = ttl; v[6] = lock;
 		v[7] = o->wait ? "true" : "false";
-		n = 8;
+		v[8] = o->takeover ? "true" : "false";
+		n = 9;
 		break;
 	case PG_COMPLETE:
 		snprintf(status, sizeof(status), "%d", o->resp->status);
@@ -664,7 +723,8 @@ int pg_send_op(struct pg_conn *c, struct pg_op *o)
 		v[5] = o->resp->body_stored ? o->resp->body : NULL;
 		len[5] = (int)o->resp->body_len; fmt[5] = 1;
 		v[6] = ttl; v[7] = hint;
-		n = 8;
+		v[8] = o->resp->unknown ? "true" : "false";
+		n = 9;
 		break;
 	case PG_RELEASE:
 		v[0] = o->key.scope; v[1] = o->key.key; v[2] = o->owner;
@@ -773,6 +833,7 @@ static struct store_op *pg_claim(struct store *st, struct event_base *base,
 	o->lease_ms = c->lease_ms;
 	o->ttl_ms = c->ttl_ms;
 	o->wait = c->wait;
+	o->takeover = c->takeover;
 	if (store_new_owner(o->owner) < 0) {
 		pg_op_finish(o, STORE_ERROR);
 		return &o->op;
@@ -1071,8 +1132,8 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 		     " AS " PG_REPLICATION_COLUMN ","
 		     " current_setting('synchronous_standby_names'),"
 		     " current_setting('synchronous_commit');\n"
-		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint, boolean) AS %s;\n"
-		     "PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint, bigint) AS %s;\n"
+		     "PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint, boolean, boolean) AS %s;\n"
+		     "PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint, bigint, boolean) AS %s;\n"
 		     "PREPARE idem_release (text, text, text, bigint) AS %s;\n"
 		     "PREPARE idem_extend (text, text, text, bigint, bigint) AS %s;\n"
 		     "PREPARE idem_sweep (int) AS %s;\n"

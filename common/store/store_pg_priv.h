@@ -111,6 +111,7 @@ struct pg_op {
 	uint64_t lease_ms, ttl_ms;
 	int64_t lock;			/* pg_lock_id(&key): the batch order */
 	bool wait;			/* claim: store_claim.wait */
+	bool takeover;			/* claim: store_claim.takeover */
 	struct stored_response *resp;
 	bool body;			/* inspect: the stored response too */
 };
@@ -253,7 +254,7 @@ int pg_send_op(struct pg_conn *c, struct pg_op *o);
  * wake, -1 failed. */
 int pg_send_wake(struct pg_conn *c);
 /* The advisory lock a claim of k takes before it inserts or takes over
- * (idemproxy_claim5): SipHash-2-4 of "scope\0key" under a fixed key, the
+ * (idemproxy_claim6): SipHash-2-4 of "scope\0key" under a fixed key, the
  * same in every instance sharing the table. Batches send their claims in
  * its order, so that two batches never wait for each other's keys. */
 int64_t pg_lock_id(const struct store_key *k);

@@ -14,7 +14,7 @@
  * only within each partition, so a claim that would insert or take over
  * first takes a transaction-level advisory lock on the key and then reads
  * again, in a statement whose snapshot is newer than the lock
- * (idemproxy_claim5): two claims of one key are serialised whatever
+ * (idemproxy_claim6): two claims of one key are serialised whatever
  * partition each would write, and at most one row of a key exists.
  *
  * A table of an earlier version (not partitioned) gets the part_at column
@@ -34,7 +34,7 @@
 
 /* Marks the functions as this version's: a database whose functions an
  * earlier version created gets them replaced. Change it with them. */
-#define SCHEMA_MARK "idemproxy schema 8"
+#define SCHEMA_MARK "idemproxy schema 9"
 
 /* In pieces: C compilers need not take longer literals. */
 static const char *const schema_parts[] = {
@@ -43,7 +43,7 @@ static const char *const schema_parts[] = {
 	"DO $migrate$ BEGIN\n"
 	"IF to_regclass('idempotency_keys_parts') IS NULL\n"
 	"   OR to_regclass('idempotency_keys') IS NULL\n"
-	"   OR to_regprocedure('idemproxy_claim5(text,text,bytea,text,bigint,bigint,bigint,boolean)') IS NULL\n"
+	"   OR to_regprocedure('idemproxy_claim6(text,text,bytea,text,bigint,bigint,bigint,boolean,boolean)') IS NULL\n"
 	"   OR to_regprocedure('idemproxy_part_hint(timestamptz)') IS NULL\n"
 	"   OR to_regprocedure('idemproxy_parts_plan(bigint)') IS NULL\n"
 	"   OR NOT EXISTS (SELECT 1 FROM pg_attribute\n"
@@ -224,12 +224,16 @@ static const char *const schema_parts[] = {
 	"-- (Unix ms) of the won row's part_at, for the owner's later statements\n"
 	"-- to prune partitions with; NULL when there is none. p_wait: the caller\n"
 	"-- waits for a record in flight, which is marked watched so that its\n"
-	"-- completion wakes the waiters (store_pg_complete_sql).\n"
-	"CREATE OR REPLACE FUNCTION idemproxy_claim5(p_scope text, p_key text,\n"
+	"-- completion wakes the waiters (store_pg_complete_sql). p_takeover: a\n"
+	"-- record whose lease ran out is taken over; else its outcome becomes\n"
+	"-- unknown ('lapsed': this claim did it) and rec_owner, with part_hint,\n"
+	"-- is what resolves it, as for a record found 'unknown'.\n"
+	"CREATE OR REPLACE FUNCTION idemproxy_claim6(p_scope text, p_key text,\n"
 	"    p_fp bytea, p_owner text, p_lease bigint, p_ttl bigint, p_lock bigint,\n"
-	"    p_wait boolean,\n"
+	"    p_wait boolean, p_takeover boolean,\n"
 	"    OUT state text, OUT fingerprint bytea, OUT status int, OUT headers bytea,\n"
-	"    OUT body bytea, OUT ttl_left bigint, OUT part_hint bigint)\n"
+	"    OUT body bytea, OUT ttl_left bigint, OUT part_hint bigint,\n"
+	"    OUT rec_owner text)\n"
 	"RETURNS SETOF record LANGUAGE plpgsql AS $claim$\n"
 	"DECLARE\n"
 	"  c record;\n"
@@ -268,15 +272,46 @@ static const char *const schema_parts[] = {
 	"    IF FOUND THEN\n"
 	"      state := 'won';\n"
 	"      -- not known to be new (that attempt may have taken it over):\n"
-	"      -- an abandoned claim lapses it rather than delete it\n"
-	"      fingerprint := c.fingerprint;\n"
+	"      -- an abandoned claim lapses it rather than delete it. Without\n"
+	"      -- takeovers that attempt inserted it, or took over an expired one\n"
+	"      IF p_takeover THEN fingerprint := c.fingerprint; END IF;\n"
 	"      part_hint := idemproxy_part_hint(at);\n"
 	"      RETURN NEXT;\n"
 	"    END IF;\n"
 	"    RETURN;\n"
-	"  END IF;\n"
+	"  END IF;\n",
+	/* claim: a lease that ran out */
+	"  IF have AND NOT c.expired AND c.lapsed AND c.fingerprint = p_fp AND\n"
+	"     NOT p_takeover THEN\n"
+	"    -- the owner stopped extending its lease (killed, stalled, cut off):\n"
+	"    -- the request may have executed and is never executed again. Its\n"
+	"    -- outcome is unknown, for ttl; the owner keeps the row, so that its\n"
+	"    -- late completion still lands; the waiters wake to replay it\n"
+	"    UPDATE idempotency_keys k\n"
+	"       SET state = 'unknown', lease_until = NULL, status = 502,\n"
+	"           headers = NULL, body = NULL,\n"
+	"           expires_at = now() + p_ttl * interval '1 millisecond',\n"
+	"           part_at = CASE WHEN k.part_at > '-infinity'\n"
+	"                     THEN greatest(k.part_at, clock_timestamp())\n"
+	"                     ELSE k.part_at END\n"
+	"     WHERE k.scope = p_scope AND k.key = p_key AND k.part_at >= c.part_at\n"
+	"       AND k.state = 'in_flight' AND k.owner = c.owner\n"
+	"       AND k.lease_until <= now()\n"
+	"    RETURNING k.part_at INTO at;\n"
+	"    IF NOT FOUND THEN\n"
+	"      RETURN;                 -- changed meanwhile: claim again\n"
+	"    END IF;\n"
+	"    PERFORM pg_notify('idemproxy', p_scope || ':' || p_key);\n"
+	"    state := 'lapsed'; fingerprint := c.fingerprint; status := 502;\n"
+	"    ttl_left := p_ttl; part_hint := idemproxy_part_hint(at);\n"
+	"    rec_owner := c.owner;\n"
+	"    RETURN NEXT;\n"
+	"    RETURN;\n"
+	"  END IF;\n",
+	/* claim: the record as it is */
 	"  IF have AND NOT (c.owner IS DISTINCT FROM p_owner AND\n"
-	"                   (c.expired OR (c.lapsed AND c.fingerprint = p_fp))) THEN\n"
+	"                   (c.expired OR (p_takeover AND c.lapsed AND\n"
+	"                                  c.fingerprint = p_fp))) THEN\n"
 	"    IF p_wait AND c.state = 'in_flight' AND c.fingerprint = p_fp AND\n"
 	"       c.watched IS NOT TRUE THEN\n"
 	"      -- a waiter: its completion must wake it. The row lock orders this\n"
@@ -291,6 +326,9 @@ static const char *const schema_parts[] = {
 	"    END IF;\n"
 	"    state := c.state; fingerprint := c.fingerprint; status := c.status;\n"
 	"    headers := c.headers; body := c.body; ttl_left := c.ttl_left;\n"
+	"    IF c.state = 'unknown' THEN\n"
+	"      rec_owner := c.owner; part_hint := idemproxy_part_hint(c.part_at);\n"
+	"    END IF;\n"
 	"    RETURN NEXT;\n"
 	"    RETURN;\n"
 	"  END IF;\n",
@@ -327,8 +365,8 @@ static const char *const schema_parts[] = {
 	"     WHERE k.scope = p_scope AND k.key = p_key AND k.part_at >= c.part_at\n"
 	"       AND k.owner IS DISTINCT FROM p_owner\n"
 	"       AND (k.expires_at <= now()\n"
-	"            OR (k.state = 'in_flight' AND k.lease_until <= now()\n"
-	"                AND k.fingerprint = p_fp))\n"
+	"            OR (p_takeover AND k.state = 'in_flight'\n"
+	"                AND k.lease_until <= now() AND k.fingerprint = p_fp))\n"
 	"    RETURNING k.part_at INTO at;\n"
 	"    IF NOT FOUND THEN\n"
 	"      RETURN;                 -- changed meanwhile: claim again\n"

@@ -540,7 +540,8 @@ static void complete_inner_cb(void *arg, const struct store_result *res)
 	struct redis_complete *o = arg;
 
 	o->inner = NULL;
-	if (res->status == STORE_OK)
+	/* an unknown outcome is never a copy: its owner may replace it */
+	if (res->status == STORE_OK && !o->resp->unknown)
 		cache_put(o->rs, o->base, &o->key, o->fp, o->resp,
 			  o->start_ms, o->ttl_ms);
 	o->cb(o->arg, res);

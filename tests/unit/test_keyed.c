@@ -1,7 +1,7 @@
 /*
  * test_keyed.c - the socket-less pieces of a keyed request, linked from
  * the proxy's private library: keyed-request preparation (keyed.c), issued
- * keys (issue.c), the settlement decision (idem_status_releases), the
+ * keys (issue.c), the settlement decision (policy_status_releases), the
  * keep-alive rule both sides share (h1.c) and the problem documents the
  * proxy writes (reply.c).
  */
@@ -401,19 +401,44 @@ static void test_issue(struct config *cfg)
 	       "marker ttl: the longest issued_key_ttl");
 }
 
-static void test_settlement(void)
+static void test_settlement(const struct config *cfg)
 {
-	static const int released[] = { 401, 408, 425, 429, 500, 502, 503, 504 };
-	static const int stored[] = { 200, 201, 204, 400, 404, 409, 422 };
+	/* the default list: the app said it did not or could not act */
+	static const int released[] = { 401, 408, 425, 429, 500, 503 };
+	/* every other status, a gateway's 502 and 504 included */
+	static const int stored[] = { 200, 201, 204, 400, 404, 409, 422, 501,
+				      502, 504, 599 };
+	const struct policy *g = &cfg->routing.global;
+	struct policy p = *g;
+	struct status_set custom;
+	char err[256], buf[128];
 
 	for (size_t i = 0; i < sizeof(released) / sizeof(released[0]); i++)
-		ok(idem_status_releases(released[i], UPSTREAM_ERROR_RELEASE),
+		ok(policy_status_releases(g, released[i]),
 		   "%d releases the key", released[i]);
 	for (size_t i = 0; i < sizeof(stored) / sizeof(stored[0]); i++)
-		ok(!idem_status_releases(stored[i], UPSTREAM_ERROR_RELEASE),
-		   "%d is stored", stored[i]);
-	ok(!idem_status_releases(500, UPSTREAM_ERROR_KEEP), "keep: 500 stored");
-	ok(idem_status_releases(429, UPSTREAM_ERROR_KEEP), "keep: 429 released");
+		ok(!policy_status_releases(g, stored[i]), "%d is stored", stored[i]);
+	p.on_upstream_error = UPSTREAM_ERROR_KEEP;
+	ok(!policy_status_releases(&p, 500), "keep: 500 stored");
+	ok(!policy_status_releases(&p, 503), "keep: 503 stored");
+	ok(policy_status_releases(&p, 429), "keep: 429 released");
+	ok(setting_parse(&(struct setting_syntax)SYNTAX_STATUSES, "502, 409",
+			 &custom, err, sizeof(err)) == 0, "a list parses");
+	p.on_upstream_error = UPSTREAM_ERROR_RELEASE;
+	p.release_statuses = custom;
+	ok(policy_status_releases(&p, 502) && policy_status_releases(&p, 409) &&
+	   !policy_status_releases(&p, 500), "a route's own list");
+	status_set_format(&custom, buf, sizeof(buf));
+	is_str(buf, "409,502", "printed in order");
+	ok(setting_parse(&(struct setting_syntax)SYNTAX_STATUSES, "none",
+			 &custom, err, sizeof(err)) == 0 &&
+	   !status_set_has(&custom, 500), "none: nothing releases");
+	ok(setting_parse(&(struct setting_syntax)SYNTAX_STATUSES, "50",
+			 &custom, err, sizeof(err)) < 0, "a two-digit status: error");
+	ok(setting_parse(&(struct setting_syntax)SYNTAX_STATUSES, "500,500",
+			 &custom, err, sizeof(err)) < 0, "twice: error");
+	ok(setting_parse(&(struct setting_syntax)SYNTAX_STATUSES, "600",
+			 &custom, err, sizeof(err)) < 0, "600: error");
 }
 
 static void test_keep_alive_and_replies(void)
@@ -465,7 +490,7 @@ int main(void)
 	test_scope_values();
 	test_normalise();
 	test_issue(cfg);
-	test_settlement();
+	test_settlement(cfg);
 	test_keep_alive_and_replies();
 	config_unref(cfg);
 	unlink(ini_path);

@@ -59,6 +59,7 @@ struct res {
 	enum store_status status;
 	char owner[STORE_HANDLE_MAX + 1];
 	struct stored_response *resp;	/* our own reference */
+	bool lapsed;
 	struct event_base *stop;	/* loopbreak this base when called */
 	double at;			/* when called */
 };
@@ -74,6 +75,7 @@ static void on_result(void *arg, const struct store_result *sr)
 	struct res *r = arg;
 
 	r->status = sr->status;
+	r->lapsed = sr->lapsed;
 	memcpy(r->owner, sr->owner, sizeof(r->owner));
 	stored_response_unref(r->resp);
 	r->resp = sr->resp != NULL ? stored_response_ref(sr->resp) : NULL;
@@ -355,6 +357,81 @@ static void test_release(void)
 	event_base_free(b);
 }
 
+/*
+ * A lease that runs out (the owner killed, stalled or cut off): the
+ * request may have executed. A duplicate's claim records the outcome as
+ * unknown and replays it - never a win - and the owner's late completion,
+ * with its token, replaces it. A release with the token (an operator, a
+ * probe that says "never executed") lets a retry win.
+ */
+static void test_lease_unknown(void)
+{
+	struct event_base *b = event_base_new();
+	struct store *s = store_memory_new(BIG, fake_clock);
+	struct store_claim c = mkclaim("lu", 7, 1000, 60000);
+	struct store_claim other = mkclaim("lu", 8, 1000, 60000);
+	struct store_claim c2 = mkclaim("lu2", 7, 1000, 60000);
+	struct store_key k = mkkey("", "lu");
+	struct res r = { 0 }, in = { 0 };
+	struct stored_response *resp = resp_new(201, "late");
+	struct stored_response *unk = stored_response_unknown("reset");
+	char old[STORE_HANDLE_MAX + 1];
+
+	is_int(do_claim(s, b, &c, &r, "lu: claim"), STORE_WON, "claim WON");
+	memcpy(old, r.owner, sizeof(old));
+	advance(1000);
+	is_int(do_claim(s, b, &other, &r, "lu: other fp"), STORE_MISMATCH,
+	       "lease out, another body: MISMATCH (fingerprint first)");
+	is_int(do_claim(s, b, &c, &r, "lu: duplicate"), STORE_UNKNOWN,
+	       "lease out, same body: UNKNOWN, not a win");
+	ok(r.lapsed, "this claim recorded it (lapsed)");
+	ok(r.resp != NULL && r.resp->unknown && r.resp->status == 502 &&
+	   strstr(r.resp->body, "outcome-unknown") != NULL,
+	   "replayed as 502 outcome-unknown");
+	is_str(r.owner, old, "the handle that resolves it is the owner's");
+	is_int(do_claim(s, b, &c, &r, "lu: again"), STORE_UNKNOWN,
+	       "the next duplicate: UNKNOWN");
+	ok(!r.lapsed, "... found so");
+	advance(59000);
+	is_int(do_claim(s, b, &c, &r, "lu: later"), STORE_UNKNOWN,
+	       "it lives ttl from when it became unknown");
+	is_int(extend(s, b, "lu", old, 1000, "lu: owner extends"), STORE_FENCED,
+	       "the owner can no longer extend it");
+	store_inspect(s, b, &k, false, on_result, &in);
+	drain(b);
+	is_int(in.status, STORE_OK, "inspect finds it");
+	is_int(complete(s, b, "lu", old, resp, 60000, "lu: late completion"),
+	       STORE_OK, "the owner's late completion lands");
+	is_int(do_claim(s, b, &c, &r, "lu: after"), STORE_COMPLETED,
+	       "then COMPLETED");
+	is_str(r.resp ? r.resp->body : NULL, "late", "replays the real response");
+
+	/* the owner records an unknown outcome itself, then a release */
+	is_int(do_claim(s, b, &c2, &r, "lu2: claim"), STORE_WON, "claim WON");
+	memcpy(old, r.owner, sizeof(old));
+	is_int(complete(s, b, "lu2", old, unk, 60000, "lu2: unknown"), STORE_OK,
+	       "recorded unknown by its owner");
+	is_int(do_claim(s, b, &c2, &r, "lu2: dup"), STORE_UNKNOWN,
+	       "a duplicate: UNKNOWN");
+	ok(!r.lapsed && r.resp != NULL && strstr(r.resp->body, "reset") != NULL,
+	   "the owner's own problem document");
+	is_int(release(s, b, "lu2", "00", "lu2: stranger"), STORE_FENCED,
+	       "release by another token: FENCED");
+	is_int(release(s, b, "lu2", old, "lu2: release"), STORE_OK,
+	       "released with the owner's token");
+	is_int(do_claim(s, b, &c2, &r, "lu2: retry"), STORE_WON,
+	       "a retry wins: it may execute now");
+
+	res_reset(&r);
+	res_reset(&in);
+	stored_response_unref(resp);
+	stored_response_unref(unk);
+	store_free(s);
+	event_base_free(b);
+}
+
+/* At-least-once (store_claim.takeover): a lease that ran out is taken
+ * over. */
 static void test_lease_takeover(void)
 {
 	struct event_base *b = event_base_new();
@@ -364,6 +441,8 @@ static void test_lease_takeover(void)
 	struct res r = { 0 };
 	struct stored_response *resp = resp_new(200, "late");
 	char old[STORE_HANDLE_MAX + 1], cur[STORE_HANDLE_MAX + 1];
+
+	c.takeover = other.takeover = true;
 
 	is_int(do_claim(s, b, &c, &r, "lease: claim"), STORE_WON, "claim WON");
 	memcpy(old, r.owner, sizeof(old));
@@ -662,9 +741,9 @@ static void test_watch_lease_timeout(void)
 	is_int(w.status, STORE_SETTLED, "SETTLED");
 	ok(w.at - t0 >= 0.030 && w.at - t0 < 1.0,
 	   "woken at the lease end (%.0f ms)", (w.at - t0) * 1000);
-	is_int(do_claim(s, b, &c, &r, "lease-timeout: takeover"), STORE_WON,
-	       "then the watcher takes over: WON");
-	ok(strcmp(r.owner, old) != 0, "new owner");
+	is_int(do_claim(s, b, &c, &r, "lease-timeout: claim again"),
+	       STORE_UNKNOWN, "then the watcher finds the outcome unknown");
+	ok(r.lapsed && strcmp(r.owner, old) == 0, "recorded so by its claim");
 
 	res_reset(&r);
 	res_reset(&w);
@@ -1064,6 +1143,7 @@ static void test_cancel_takeover(void)
 	struct res r = { 0 }, x = { 0 }, w = { 0 };
 	struct store_op *op, *watch;
 
+	c.takeover = other.takeover = true;	/* at-least-once */
 	is_int(do_claim(s, b, &c, &r, "ct: claim"), STORE_WON, "claim WON");
 	advance(1000);		/* its owner never completes: lease over */
 	watch = store_watch(s, b, &k, on_result, &w);
@@ -1711,6 +1791,7 @@ int main(void)
 	}
 	test_claim_table();
 	test_release();
+	test_lease_unknown();
 	test_lease_takeover();
 	test_ttl();
 	test_sweep();
