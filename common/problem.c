@@ -4,13 +4,17 @@
 #include "problem.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static const struct {
 	int status;
 	const char *slug;
+	const char *error_type;
 	const char *title;
 } problems[PROBLEM_COUNT] = {
-#define X(name, status, slug, title) [PROBLEM_##name] = { status, slug, title },
+#define X(name, status, slug, error_type, title) \
+	[PROBLEM_##name] = { status, slug, error_type, title },
 	PROBLEM_LIST(X)
 #undef X
 };
@@ -28,6 +32,11 @@ const char *problem_slug(enum problem p)
 const char *problem_title(enum problem p)
 {
 	return problems[p].title;
+}
+
+const char *problem_error_type(enum problem p)
+{
+	return problems[p].error_type;
 }
 
 enum problem problem_upstream(enum upstream_error err, const char **detail)
@@ -85,53 +94,95 @@ const char *http_reason(int status)
 	}
 }
 
-/* Append s as JSON string content, escaping what JSON requires. */
-static size_t json_escape(char *buf, size_t len, size_t at, const char *s)
-{
-	for (; *s != '\0'; s++) {
-		unsigned char c = (unsigned char)*s;
-		char esc[8];
-		const char *out = esc;
-		int n;
+/* Where problem_render writes: at most len - 1 bytes, then a NUL. */
+struct out {
+	char *buf;
+	size_t len, at;
+};
 
-		if (c == '"' || c == '\\') {
-			esc[0] = '\\';
-			esc[1] = (char)c;
-			esc[2] = '\0';
-		} else if (c < 0x20) {
-			n = snprintf(esc, sizeof(esc), "\\u%04x", c);
-			(void)n;
-		} else {
-			esc[0] = (char)c;
-			esc[1] = '\0';
-		}
-		for (; *out != '\0'; out++) {
-			if (at + 1 < len)
-				buf[at] = *out;
-			at++;
-		}
+static void out_add(struct out *o, const char *s, size_t n)
+{
+	size_t room = o->len > o->at + 1 ? o->len - o->at - 1 : 0;
+
+	if (n > room)
+		n = room;
+	memcpy(o->buf + o->at, s, n);
+	o->at += n;
+}
+
+/* c as JSON string content into esc (7 bytes); returns its length. */
+static size_t escape_char(unsigned char c, char *esc)
+{
+	if (c == '"' || c == '\\') {
+		esc[0] = '\\';
+		esc[1] = (char)c;
+		return 2;
 	}
-	return at;
+	if (c < 0x20) {
+		snprintf(esc, 7, "\\u%04x", c);
+		return 6;
+	}
+	esc[0] = (char)c;
+	return 1;
+}
+
+/* The first n bytes of s as JSON string content, escaping what JSON
+ * requires. */
+static void out_escaped(struct out *o, const char *s, size_t n)
+{
+	char esc[7];
+
+	for (size_t i = 0; i < n; i++)
+		out_add(o, esc, escape_char((unsigned char)s[i], esc));
+}
+
+/* How many bytes of s (n long) fit in `room` bytes once escaped, never
+ * ending inside a UTF-8 sequence. */
+static size_t fitting_prefix(const char *s, size_t n, size_t room)
+{
+	char esc[7];
+	size_t i, w = 0;
+
+	for (i = 0; i < n; i++) {
+		w += escape_char((unsigned char)s[i], esc);
+		if (w > room)
+			break;
+	}
+	if (i < n)
+		while (i > 0 && ((unsigned char)s[i] & 0xc0) == 0x80)
+			i--;
+	return i;
 }
 
 size_t problem_render(enum problem p, const char *detail, char *buf, size_t len)
 {
-	size_t at;
-	int n;
+	const char *d = detail ? detail : problems[p].title;
+	size_t n = strlen(d), fixed;
+	char head[192], mid[128];
+	int hn, mn;
+	struct out o = { buf, len, 0 };
 
-	n = snprintf(buf, len,
-		     "{\"type\":\"urn:idemproxy:problem:%s\",\"title\":\"%s\","
-		     "\"status\":%d,\"detail\":\"",
-		     problems[p].slug, problems[p].title, problems[p].status);
-	at = n > 0 ? (size_t)n : 0;
-	at = json_escape(buf, len, at, detail ? detail : problems[p].title);
-	if (at + 3 <= len) {
-		buf[at++] = '"';
-		buf[at++] = '}';
-		buf[at] = '\0';
-	} else if (len > 0) {
-		buf[len - 1] = '\0';
-		at = len - 1;
-	}
-	return at;
+	if (len == 0)
+		return 0;
+	hn = snprintf(head, sizeof(head),
+		      "{\"type\":\"urn:idemproxy:problem:%s\",\"title\":\"%s\","
+		      "\"status\":%d,\"detail\":\"",
+		      problems[p].slug, problems[p].title, problems[p].status);
+	mn = snprintf(mid, sizeof(mid),
+		      "\",\"error\":{\"type\":\"%s\",\"code\":\"%s\","
+		      "\"message\":\"",
+		      problems[p].error_type, problems[p].slug);
+	if (hn < 0 || (size_t)hn >= sizeof(head) || mn < 0 ||
+	    (size_t)mn >= sizeof(mid))
+		abort();	/* a row longer than the table allows */
+	fixed = (size_t)hn + (size_t)mn + 3;
+	/* the detail appears twice: each copy gets half of what is left */
+	n = fitting_prefix(d, n, len - 1 > fixed ? (len - 1 - fixed) / 2 : 0);
+	out_add(&o, head, (size_t)hn);
+	out_escaped(&o, d, n);
+	out_add(&o, mid, (size_t)mn);
+	out_escaped(&o, d, n);
+	out_add(&o, "\"}}", 3);
+	buf[o.at] = '\0';
+	return o.at;
 }

@@ -22,7 +22,9 @@ static void content_length(struct h1_out *o, uint64_t n)
 void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
 		   struct reply_conn rc)
 {
-	char body[1024];
+	/* the longest detail passed is struct keyed_answer's, 320 bytes
+	 * (keyed.h); a longer one would be shortened, never cut */
+	char body[PROBLEM_BODY_MAX(320) + 1];
 	size_t len = problem_render(p, detail, body, sizeof(body));
 	int status = problem_status(p);
 	struct h1_out o;

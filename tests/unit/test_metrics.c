@@ -65,9 +65,13 @@ static void test_problem(void)
 	is_int(len, strlen(buf), "length returned");
 	is_str(buf, "{\"type\":\"urn:idemproxy:problem:upstream-timeout\","
 	       "\"title\":\"Gateway Timeout\",\"status\":504,"
-	       "\"detail\":\"said \\\"slow\\\"\\u000a\"}", "JSON escaped");
+	       "\"detail\":\"said \\\"slow\\\"\\u000a\","
+	       "\"error\":{\"type\":\"api_error\",\"code\":\"upstream-timeout\","
+	       "\"message\":\"said \\\"slow\\\"\\u000a\"}}", "JSON escaped");
 	problem_render(PROBLEM_BAD_REQUEST, NULL, buf, sizeof(buf));
 	ok(strstr(buf, "\"detail\":\"Bad Request\"") != NULL, "title as default detail");
+	ok(strstr(buf, "\"message\":\"Bad Request\"}}") != NULL,
+	   "title as default message");
 	is_str(http_reason(404), "Not Found", "reason phrase");
 	is_str(http_reason(299), "", "unknown status");
 }
