@@ -18,6 +18,14 @@ PACKAGES="
   pgbouncer
 "
 
+# npm, for tests/integration/test_sdk_errors.py (stripe-node and openai,
+# installed with npm ci): Debian's package (it brings nodejs along), unless
+# an npm is on PATH already: a NodeSource nodejs ships its own npm and
+# conflicts with Debian's (apt would remove that nodejs to install it).
+if ! command -v npm >/dev/null 2>&1; then
+  PACKAGES="$PACKAGES npm"
+fi
+
 missing=""
 for p in $PACKAGES; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
