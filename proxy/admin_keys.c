@@ -221,7 +221,8 @@ static void call_done(void *arg, const struct store_result *res)
 			 "(found in %s%s%s)", c->k.key, c->k.scope, c->who,
 			 store_status_name(res->status),
 			 res->status == STORE_OK ? ", was " : "",
-			 res->status != STORE_OK ? "" : res->rec.completed ?
+			 res->status != STORE_OK ? "" : res->rec.unknown ?
+			 "of unknown outcome" : res->rec.completed ?
 			 "completed" : "in flight, its owner fenced",
 			 places(res->status == STORE_OK ? res->rec.found : 0,
 				found, sizeof(found)),

@@ -181,8 +181,9 @@ void keys_render(FILE *out, const struct keys_query *q,
 		add(o, "purged", json_object_new_boolean(found));
 	if (found) {
 		fp_hex(rec->fp, fp);
-		add(o, "state", json_object_new_string(rec->completed ?
-						       "completed" : "in_flight"));
+		add(o, "state", json_object_new_string(rec->unknown ? "unknown" :
+						       rec->completed ? "completed" :
+						       "in_flight"));
 		add(o, "fingerprint", json_object_new_string(fp));
 		add(o, "status", rec->completed && rec->status > 0 ?
 				 json_object_new_int(rec->status) : NULL);

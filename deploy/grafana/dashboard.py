@@ -92,6 +92,15 @@ panel("Wait duration",
       quantiles("idemproxy_wait_seconds"),
       "s")
 endrow()
+panel("Unknown outcomes (never executed again)",
+      [(f"sum by (cause) (increase(idemproxy_unknown_outcomes_total{sel()}[$__rate_interval]))", "{{cause}}"),
+       (f"sum(increase(idemproxy_unknown_outcomes_released_total{sel()}[$__rate_interval]))", "released (at-least-once)")],
+      "short", desc="Keyed requests that reached the upstream with no answer that says what they did (docs/protocol.md \"How an exchange ends\"). Each needs resolving: docs/operations.md \"Unknown outcomes\".")
+panel("Outcome probes and late responses",
+      [(f"sum by (result) (increase(idemproxy_outcome_probes_total{sel()}[$__rate_interval]))", "probe {{result}}"),
+       (f"sum(increase(idemproxy_late_responses_total{sel()}[$__rate_interval]))", "late responses stored")],
+      "short")
+endrow()
 
 row("Store")
 panel("Store up",

@@ -153,7 +153,7 @@ static void on_done(void *arg)
 	x->u = NULL;
 }
 
-static void on_error(void *arg, enum upstream_error err, bool retryable)
+static void on_error(void *arg, enum upstream_error err, unsigned how)
 {
 	struct exchange *x = arg;
 
