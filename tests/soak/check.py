@@ -3,13 +3,17 @@
 recording upstream executed and which faults were injected, and proves
 idemproxy's guarantees from them (docs/reliability.md).
 
-    check.py DIR          exit 0: no violation; 1: violations (listed,
-                          each with the history of its key)
+    check.py [--strict|--lenient] DIR
+                          exit 0: no violation; 1: violations (listed,
+                          each with the history of its key). The rules
+                          are strict unless config.json says "lenient"
+                          (soak.py --lenient) or --lenient is given.
 
 DIR holds what tests/soak/soak.py wrote:
-  config.json      lease_s, upstream_timeout_s, ttl_s, seed, ...
+  config.json      lease_s, upstream_timeout_s, ttl_s, release_statuses,
+                   lenient, seed, ...
   upstream.jsonl   one "exec" line per execution, one "end" line when it
-                   was answered (tests/soak/upstream.py)
+                   was answered, dropped or cut (tests/soak/upstream.py)
   clients*.jsonl   one line per client request: id, key, fp, inst, t0, t1,
                    status, replayed, exec (the execution its body names),
                    resp_sha, ptype (problem type slug), err
@@ -19,42 +23,66 @@ DIR holds what tests/soak/soak.py wrote:
 Times are time.time() of the process that logged them; every process runs
 on one machine, the same clock as PostgreSQL's now().
 
-The properties:
+The rule (DESIGN.md §1 items 7-10): a request that may have reached the
+upstream is never sent to it again. The properties:
 
- 1. One execution per key, except for a documented reason. Executions of a
-    key are ordered by the time the upstream read them; each one after the
-    first needs, from its predecessor X:
-      release  X's upstream answered 401/408/425/429/5xx, or dropped the
-               connection, or the exchange may have run past
-               --upstream-timeout (X's client got 502/504, or the upstream
-               took that long), and the new execution came after that;
-      takeover the same fingerprint, X's owner instance was SIGKILLed or
-               SIGSTOPped, or PostgreSQL was down or its backends
-               terminated, between X's request and X's completion window,
-               and the new execution came at least --lease after X's
-               request was sent (also the mirror case: X's owner stopped
-               between its claim and forwarding, the other one took over
-               and reached the upstream first);
-      expiry   the new execution came --ttl after X was answered (or
-               max(ttl, lease) after X's request when X's owner or the
-               store failed, so that X may never have completed).
-    A different fingerprint is only ever allowed after a release or an
-    expiry: a takeover needs the same fingerprint.
+ 1. One execution per key. Executions of a key are ordered by the time
+    the upstream read them; each one after the first needs, from its
+    predecessor X, one of:
+      release  X's upstream sent a releasing status line (config
+               release_statuses, default 500,503,401,408,425,429; the
+               body in full or cut short) and the new execution came
+               after that answer (and after X's owner
+               could act on it: not while it was SIGSTOPped, never if it
+               was killed before the answer);
+      expiry   the new execution came --ttl after X was answered (dropped
+               or cut included: the unknown outcome, or the cut's stored
+               problem, expires ttl later), or, when X's owner may never have settled it
+               (its instance killed or stopped, PostgreSQL or pgbouncer
+               down, or the upstream never ended), max(ttl, lease) after
+               X's request was sent (the in-flight record's expiry) --
+               lease + ttl once a duplicate was answered that the key's
+               outcome was unknown (the record had become unknown).
+    Nothing else: not a kill, a stop or a store outage (a claim whose
+    owner stopped extending it is an unknown outcome), not a dropped
+    connection or one cut after a status that does not release (stored
+    as a problem, docs/protocol.md), not a 502/504 from the upstream
+    (stored), not an
+    upstream slower than --upstream-timeout (the late response is
+    stored). A different fingerprint follows the same rule.
+    --lenient (at-least-once, the proxies run with --unknown-outcome
+    release) also accepts the former reasons: a release after a dropped
+    connection, a 502/504 the client got, an upstream slower than the
+    timeout; a takeover (the same fingerprint, at least --lease after X's
+    request, X's owner killed or stopped or the store down in X's lease
+    window, or the mirror case). In strict mode each second execution
+    they would have explained is still a violation, labelled with that
+    reason (report "forbidden_by_lenient_reason").
  2. No request is executed twice (the proxy never re-sends a keyed
     request), and what the upstream executed is what the client sent
     (key, target, body).
  3. Every response that names an execution is byte-identical (status, body
     sha256, X-Soak-Exec header) to what that execution sent. A fresh one
     (no Idempotent-Replayed) is its own request's execution. A replay is
-    of an execution of the same key and fingerprint whose response is
-    storable (not 401/408/425/429/5xx), and not stale: no execution of
-    the key that was certainly claimed after it had reached the upstream
-    before the replay was sent.
+    of an execution of the same key and fingerprint that answered in full
+    with a storable status (not a releasing one; 502/504 from the
+    upstream are storable), and not stale: no execution of the key that
+    was certainly claimed after it had reached the upstream before the
+    replay was sent. A replay that names no execution is only a
+    502 outcome-unknown, after another request of the key and
+    fingerprint was sent, or the 502/504 problem of a response the
+    upstream cut after its status (docs/protocol.md: "executed, its
+    response lost"); any other replayed problem is a violation.
  4. A request the proxy answered itself (409, 422, 503, ...) was never
-    executed; a 422 came when another fingerprint had been sent for the
-    key.
+    executed; only a live 502 outcome-unknown or 504 upstream-timeout may
+    have been (also a 502 upstream-unavailable with --lenient: a 502 for
+    a request that reached the upstream says "never sent" otherwise). A
+    422 came when another fingerprint had been sent for the key.
  5. (store.jsonl) Every completed row holds the response of an execution
-    of its key and fingerprint that no later claim superseded.
+    of its key and fingerprint, with a storable status, that no later
+    claim superseded, or the problem of a response cut short. Rows in
+    state 'unknown' (the outcome-unknown problem) and 'in_flight' are
+    counted only.
 """
 import glob
 import json
@@ -63,12 +91,27 @@ import sys
 from collections import Counter, defaultdict
 
 SLACK = 0.05            # s: log timestamps are taken just before/after
-RELEASE_STATUSES = (401, 408, 425, 429)
+DEFAULT_RELEASE_STATUSES = (500, 503, 401, 408, 425, 429)
+UNKNOWN = "outcome-unknown"
+# live answers of the proxy that may come after the request reached the
+# upstream: the outcome is unknown, or the upstream is slower than
+# --upstream-timeout (the exchange goes on, its late response is stored)
+MAY_HAVE_EXECUTED = ((502, UNKNOWN), (504, "upstream-timeout"))
+# what a response cut short after its status is stored as (docs/protocol.md:
+# "executed, and its response is lost"): a problem, never a second execution
+CUT_PROBLEMS = ((502, "upstream-unavailable"), (504, "upstream-timeout"))
 EXCERPT_LIMIT = 40
 
 
-def releases(status):
-    return status in RELEASE_STATUSES or status >= 500
+def old_releases(status):
+    """What the proxy released before the strict rule: 401, 408, 425, 429
+    and every 5xx (--on-upstream-error release). Labels only."""
+    return status in (401, 408, 425, 429) or status >= 500
+
+
+def no_answer(e):
+    """The upstream never answered e in full: dropped or cut."""
+    return bool(e.get("drop") or e.get("dropped") or e.get("cut"))
 
 
 class History:
@@ -77,6 +120,10 @@ class History:
         self.lease = float(config["lease_s"])
         self.timeout = float(config["upstream_timeout_s"])
         self.ttl = float(config["ttl_s"])
+        self.release_statuses = frozenset(
+            int(s) for s in config.get("release_statuses",
+                                       DEFAULT_RELEASE_STATUSES))
+        self.lenient = bool(config.get("lenient", False))
         self.execs = execs          # exec id -> dict
         self.reqs = reqs            # request id -> dict
         self.faults = faults        # list of dicts
@@ -109,6 +156,8 @@ def load(d):
             ev = dict(ev)
             ev.setdefault("t_end", None)
             ev.setdefault("sent", None)
+            # planned: cut only once the end line says the head went out
+            ev["cut_planned"] = ev.pop("cut", False)
             execs[ev["exec"]] = ev
         elif ev["ev"] == "end":
             e = execs.get(ev["exec"])
@@ -116,6 +165,7 @@ def load(d):
                 e["t_end"] = ev["t"]
                 e["sent"] = ev.get("sent")
                 e["dropped"] = ev.get("dropped", False)
+                e["cut"] = ev.get("cut", False)
     reqs = {}
     for p in sorted(glob.glob(os.path.join(d, "clients*.jsonl"))):
         for r in read_jsonl(p):
@@ -128,10 +178,13 @@ def load(d):
 
 
 class Checker:
-    def __init__(self, h):
+    def __init__(self, h, lenient=None):
         self.h = h
+        self.lenient = h.lenient if lenient is None else lenient
         self.violations = []
         self.reasons = Counter()        # second executions by reason
+        self.forbidden = Counter()      # strict: violations by the reason
+        #                                 the lenient rules would give
         self.seconds = []               # and each of them
         self.counts = Counter()
         self.by_key = defaultdict(list)
@@ -159,7 +212,8 @@ class Checker:
             ev.append((e["t"], "upstream", (
                 f"exec {e['exec']} req={e['req']} fp={e['fp'][:10]} "
                 f"status={e['status']} delay={e['delay_ms']}ms "
-                f"drop={e.get('drop')} end={_fmt(e.get('t_end'))} "
+                f"drop={e.get('drop')}{' cut' if e.get('cut') else ''} "
+                f"end={_fmt(e.get('t_end'))} "
                 f"sent={e.get('sent')}")))
         reqs = sorted(self.reqs_by_key.get(key, []), key=lambda r: r["t0"])
         for r in reqs:
@@ -201,7 +255,8 @@ class Checker:
     def fault_hits(self, e, lo, hi):
         """Faults that can stop e's owner from extending or settling its
         claim within [lo, hi]: its instance killed or stopped, or
-        PostgreSQL down or its backends terminated."""
+        PostgreSQL (or the pgbouncer in front of it) down, or its backends
+        terminated."""
         r = self.req_of(e)
         inst = r.get("inst") if r else None
         hits = []
@@ -213,7 +268,7 @@ class Checker:
                     continue
                 if k == "kill":
                     b = a     # dead from a on; the kill itself is the event
-            elif k.startswith("pg-"):
+            elif k.startswith(("pg-", "bouncer-")):
                 if k == "pg-terminate":
                     b += 1.0  # reconnection
             else:
@@ -265,26 +320,88 @@ class Checker:
                     moved = True
         return t
 
-    def release_time(self, x):
-        """(earliest time x's key may have been released, why) or None."""
-        cands = self.release_cands(x)
-        return min(cands) if cands else None
+    def releases(self, status):
+        return status in self.h.release_statuses
 
-    def release_cands(self, x):
+    def status_release(self, x, releases=None):
+        """When x's own answer may have released its key (a releasing
+        status line sent, the body in full or cut short after it, that x's
+        owner could act on), or None."""
+        releases = releases or self.releases
+        if not releases(x["status"]) or x.get("t_end") is None or \
+                not (x.get("sent") or x.get("cut")) or x.get("drop"):
+            return None
+        return self.owner_time(x, x["t_end"])
+
+    def may_be_abandoned(self, x, y):
+        """x's owner may never have settled its record before y: it never
+        got an answer from the upstream, or a fault of its instance or of
+        the store hit its request's window (faults after its completion
+        window cannot have kept it from settling: it settles when
+        answered)."""
+        if x.get("t_end") is None:
+            return True
+        t0 = self.t0(x)
+        return bool(self.fault_hits(x, t0, min(y["t"],
+                                               x["t_end"] + self.h.lease)))
+
+    def found_unknown(self, x, y):
+        """A duplicate of x (same key and fingerprint, sent after x's
+        request) was answered, before y and before x's in-flight record
+        could expire, that the outcome is unknown: x's record had become
+        unknown, and lives ttl from then on."""
+        t0 = self.t0(x)
+        hi = min(y["t"], t0 + max(self.h.ttl, self.h.lease)) + SLACK
+        return any(q.get("status") == 502 and q.get("ptype") == UNKNOWN and
+                   q.get("fp") == x["fp"] and q["t0"] > t0 and
+                   q.get("t1") is not None and q["t1"] <= hi
+                   for q in self.reqs_by_key.get(x["key"], []))
+
+    def expiry(self, x, y):
+        """The earliest expiry the history allows: ttl after x's answer
+        (when its owner lived to settle it), or the abandoned record's."""
+        if x.get("t_end") is not None and \
+                y["t"] >= x["t_end"] + self.h.ttl - SLACK and \
+                self.owner_time(x, x["t_end"]) is not None:
+            return "expiry"
+        if not self.may_be_abandoned(x, y):
+            return None
+        t0 = self.t0(x)
+        t_exp = t0 + (self.h.lease + self.h.ttl if self.found_unknown(x, y)
+                      else max(self.h.ttl, self.h.lease))
+        if y["t"] >= t_exp - SLACK:
+            return "expiry of an abandoned claim"
+        return None
+
+    def strict_reason(self, x, y):
+        """Why y (read by the upstream after x) may execute under the
+        strict rule: a release by x's own answer, or an expiry; or None."""
+        t = self.status_release(x)
+        if t is not None and y["t"] >= t - SLACK:
+            return f"release after status {x['status']}"
+        return self.expiry(x, y)
+
+    # ---------------------------------------------------- the lenient rules
+    # (--lenient, proxies with --unknown-outcome release); in strict mode
+    # they only label a forbidden second execution
+
+    def release_cands(self, x, releases):
         """[(earliest time x's key may have been released, why)]."""
         r = self.req_of(x)
         cands = []
-        if x.get("dropped") or x.get("drop"):
-            cands.append((x.get("t_end") or x["t"], "drop"))
-        if releases(x["status"]) and x.get("sent"):
-            cands.append((x["t_end"], f"status {x['status']}"))
+        if no_answer(x):
+            cands.append((x.get("t_end") or x["t"],
+                          "cut" if x.get("cut") else "drop"))
+        t = self.status_release(x, releases)
+        if t is not None:
+            cands.append((t, f"status {x['status']}"))
         if x.get("t_end") is not None and \
                 x["t_end"] - x["t"] >= self.h.timeout - SLACK:
             cands.append((self.t0(x) + self.h.timeout, "upstream timeout"))
         if r and r.get("status") == 504 and r.get("ptype") == "upstream-timeout":
             cands.append((r["t0"] + self.h.timeout, "504"))
         if r and r.get("status") == 502 and \
-                r.get("ptype") == "upstream-unavailable":
+                r.get("ptype") in ("upstream-unavailable", UNKNOWN):
             cands.append((r["t0"], "502"))
         cands = [(self.owner_time(x, t), why) for t, why in cands]
         return sorted(c for c in cands if c[0] is not None)
@@ -304,26 +421,17 @@ class Checker:
             return None
         return "takeover after " + "+".join(sorted(set(hits)))
 
-    def expiry(self, x, y):
-        if x.get("t_end") is not None and \
-                y["t"] >= x["t_end"] + self.h.ttl - SLACK:
-            return "expiry"
-        t0 = self.t0(x)
-        if y["t"] >= t0 + max(self.h.ttl, self.h.lease) - SLACK and \
-                self.fault_hits(x, t0, y["t"]):
-            return "expiry of an abandoned claim"
-        return None
-
-    def justify(self, x, y):
-        """Why y (read by the upstream after x) may execute: a reason or
-        None. When several hold, the first of: a release the upstream's
-        own answer caused (a releasing status, a dropped connection), a
+    def lenient_reason(self, x, y, releases=None):
+        """Why y may execute under the lenient rules: a reason or None.
+        When several hold, the first of: a release the upstream's own
+        answer caused (a releasing status, a dropped or cut connection), a
         release after the 502/504 x's client had already received, an
         expiry ttl after x was answered, a takeover, a release after a
         timeout or 502, the expiry of a claim abandoned by a fault."""
-        cands = self.release_cands(x)
+        cands = self.release_cands(x, releases or self.releases)
         for t, why in cands:
-            if why.startswith(("status", "drop")) and y["t"] >= t - SLACK:
+            if why.startswith(("status", "drop", "cut")) and \
+                    y["t"] >= t - SLACK:
                 return "release after " + why
         r = self.req_of(x)
         for t, why in cands:
@@ -346,6 +454,12 @@ class Checker:
             return "release after " + rel[1]
         return ex
 
+    def justify(self, x, y):
+        why = self.strict_reason(x, y)
+        if why is None and self.lenient:
+            why = self.lenient_reason(x, y)
+        return why
+
     # ------------------------------------------------------------ checks
 
     def check_executions(self):
@@ -360,10 +474,22 @@ class Checker:
                     kind = ("second fingerprint executed"
                             if x["fp"] != y["fp"] else
                             "duplicate execution")
+                    # what the proxy did before the strict rule (any 5xx
+                    # released) would have explained it, if anything
+                    label = None if self.lenient else \
+                        self.lenient_reason(x, y, old_releases)
+                    if not self.lenient:
+                        self.forbidden[label or "no reason at all"] += 1
                     self.violation(kind, key, (
                         f"{y['exec']} (req {y['req']}) executed after "
-                        f"{x['exec']} (req {x['req']}) with no release, "
-                        f"takeover or expiry to explain it"), at=y["t"])
+                        f"{x['exec']} (req {x['req']}) with "
+                        + ("no release, takeover or expiry to explain it"
+                           if self.lenient else
+                           "no release by a releasing status and no expiry"
+                           + (f" (lenient rules: {label})" if label else
+                              " (not even under the lenient rules)")) +
+                        f"; {self.timeline(x, y)}"), at=y["t"])
+                    self.violations[-1]["lenient_reason"] = label
                 else:
                     self.reasons[why] += 1
                     self.seconds.append({"key": key, "reason": why,
@@ -430,26 +556,44 @@ class Checker:
                         r["key"], f"{r['id']} got {name}'s response (req "
                         f"{e['req']}) without Idempotent-Replayed")
                 continue
+            pt = r.get("ptype")
+            executed = self.execs_of_req.get(r["id"])
             if r.get("replayed"):
-                ran = ", ".join(
-                    f"{e['exec']} answered {e['status']}"
-                    f"{'' if e.get('sent') else ' (not sent)'}"
-                    for e in self.by_key.get(r["key"], [])
-                    if e["t"] < r["t0"]) or "none"
-                self.violation(
-                    "replay that is no execution's response", r["key"],
-                    f"{r['id']}: {st} {r.get('ptype') or ''} with "
-                    f"Idempotent-Replayed: the store holds a response no "
-                    f"execution sent (executions of the key before it: "
-                    f"{ran}; a stalled proxy storing a whole response as "
-                    f"cut short: tests/soak/stall_repro.py)", at=r["t0"])
-            c[f"proxy answered {st} {r.get('ptype') or ''}".rstrip()] += 1
-            if st not in (502, 504) and self.execs_of_req.get(r["id"]):
-                self.violation(
-                    "executed but answered as not executed", r["key"],
-                    f"{r['id']} got {st} {r.get('ptype')} but reached the "
-                    f"upstream as "
-                    f"{self.execs_of_req[r['id']][0]['exec']}")
+                c[f"replayed {st} {pt or ''}".rstrip()] += 1
+                if st == 502 and pt == UNKNOWN:
+                    self.check_unknown_replay(r)
+                elif (st, pt) in CUT_PROBLEMS and \
+                        self.cut_before(r["key"], r.get("fp"), r["t1"]):
+                    c["replays of a response cut short (its problem)"] += 1
+                else:
+                    self.violation(
+                        "replay that is no execution's response", r["key"],
+                        f"{r['id']}: {st} {pt or ''} with "
+                        f"Idempotent-Replayed: the store holds a response "
+                        f"no execution sent, and not the outcome-unknown "
+                        f"problem (executions of the key before it: "
+                        f"{self.ran_before(r)}; a stalled proxy storing a "
+                        f"whole response as cut short: "
+                        f"tests/soak/stall_repro.py)", at=r["t0"])
+            else:
+                c[f"proxy answered {st} {pt or ''}".rstrip()] += 1
+            if executed and (r.get("replayed") or
+                             (st, pt) not in MAY_HAVE_EXECUTED):
+                what = executed[0]["exec"]
+                if st not in (502, 504) or r.get("replayed"):
+                    self.violation(
+                        "executed but answered as not executed", r["key"],
+                        f"{r['id']} got {st} {pt}"
+                        f"{' replayed' if r.get('replayed') else ''} but "
+                        f"reached the upstream as {what}")
+                elif not self.lenient:
+                    self.violation(
+                        "executed but answered as never sent", r["key"],
+                        f"{r['id']} got {st} {pt}, which says the request "
+                        f"never left, but it reached the upstream as "
+                        f"{what} (a request that may have reached the "
+                        f"upstream is answered 502 {UNKNOWN} or 504 "
+                        f"upstream-timeout)", at=r["t0"])
             if st == 422 and r.get("ptype") == "idempotency-key-mismatch":
                 others = [q for q in self.reqs_by_key[r["key"]]
                           if q.get("fp") != r.get("fp") and
@@ -458,6 +602,34 @@ class Checker:
                     self.violation("422 with no other fingerprint", r["key"],
                                    f"{r['id']} got 422 but no other body was "
                                    f"ever sent for the key before")
+
+    def ran_before(self, r):
+        return ", ".join(
+            f"{e['exec']} answered {e['status']}"
+            f"{'' if e.get('sent') else ' (not sent)'}"
+            for e in self.by_key.get(r["key"], [])
+            if e["t"] < r["t0"]) or "none"
+
+    def cut_before(self, key, fp, before=float("inf")):
+        """An execution of the key and fingerprint that the upstream cut
+        after its status line, read before `before` (a replay's answer: a
+        duplicate may have waited for it)."""
+        return any(e.get("cut") and e["fp"] == fp and e["t"] < before
+                   for e in self.by_key.get(key, []))
+
+    def check_unknown_replay(self, r):
+        """A replayed 502 outcome-unknown names no execution: some request
+        of the key and fingerprint claimed it before (and may or may not
+        have reached the upstream)."""
+        before = [q for q in self.reqs_by_key[r["key"]]
+                  if q["id"] != r["id"] and q.get("fp") == r.get("fp") and
+                  q["t0"] < (r.get("t1") or r["t0"])]
+        if not before:
+            self.violation(
+                "unknown outcome replayed before any request", r["key"],
+                f"{r['id']} got a replayed 502 {UNKNOWN}, but no other "
+                f"request of the key and its fingerprint had been sent",
+                at=r["t0"])
 
     def later_claims(self, e, before):
         """Executions of e's key certainly claimed after e was (their
@@ -474,7 +646,11 @@ class Checker:
                            f"replay of {e['exec']} (key {e['key']}, fp "
                            f"{e['fp'][:10]})")
             return
-        if releases(e["status"]) or e.get("drop"):
+        if no_answer(e):
+            self.violation("replay of an execution that never answered",
+                           r["key"], f"{r['id']} got a replay of "
+                           f"{e['exec']}, which was dropped or cut")
+        elif self.releases(e["status"]):
             self.violation("replay of a released response", r["key"],
                            f"{r['id']} got a replay of {e['exec']} whose "
                            f"status {e['status']} releases the key")
@@ -492,7 +668,19 @@ class Checker:
         c = self.counts
         for row in self.h.store:
             c[f"store rows {row['state']}"] += 1
-            if row["state"] != "completed" or row.get("exec") is None:
+            if row["state"] != "completed":
+                continue        # in_flight, or 'unknown' (its problem)
+            if row.get("exec") is None and \
+                    row.get("status") in (502, 504) and \
+                    self.cut_before(row["key"], row.get("fp")):
+                continue        # the problem of a response cut short
+            if row.get("exec") is None:
+                self.violation(
+                    "completed row without an execution's response",
+                    row["key"], f"row {row['key']} is completed with status "
+                    f"{row.get('status')} and a body that names no "
+                    f"execution (an outcome that is not an execution's "
+                    f"response is state 'unknown')")
                 continue
             e = self.h.execs.get(row["exec"])
             if e is None:
@@ -508,7 +696,7 @@ class Checker:
                     f"{row['status']} sha {row['body_sha']} holds "
                     f"{e['exec']} (key {e['key']} fp {e['fp'][:10]} status "
                     f"{e['status']} sha {e['resp_sha']})"))
-            if releases(e["status"]):
+            if self.releases(e["status"]) or no_answer(e):
                 self.violation("stored a releasing status", row["key"],
                                f"row {row['key']} holds {e['exec']} with "
                                f"status {e['status']}")
@@ -533,6 +721,10 @@ class Checker:
         return {"ok": not self.violations,
                 "counts": dict(sorted(self.counts.items())),
                 "second_executions": dict(sorted(self.reasons.items())),
+                "rules": "lenient" if self.lenient else "strict",
+                "release_statuses": sorted(self.h.release_statuses),
+                "forbidden_by_lenient_reason":
+                    dict(self.forbidden.most_common()),
                 "faults": dict(sorted(faults.items())),
                 "violations": Counter(v["kind"] for v in self.violations),
                 "violation_list": self.violations,
@@ -545,7 +737,8 @@ def _fmt(t):
     return f"{t:.3f}"
 
 
-def print_report(rep, out=sys.stdout, max_violations=10):
+def print_report(rep, out=None, max_violations=10):
+    out = out or sys.stdout
     c = rep["counts"]
     w = out.write
     w("soak check: requests {} ({} replays, {} answered by their own "
@@ -560,12 +753,19 @@ def print_report(rep, out=sys.stdout, max_violations=10):
                      "second executions",
                      "responses of their own execution"):
             w(f"  {k}: {v}\n")
+    w(f"rules: {rep.get('rules', 'strict')}; release statuses "
+      f"{rep.get('release_statuses', '?')}\n")
     w("second executions by reason:\n")
     for k, v in rep["second_executions"].items():
         w(f"  {k}: {v}\n")
     for sx in rep.get("second_execution_list", []):
         if sx["reason"].startswith("takeover"):
             w(f"  {sx['reason']}, key {sx['key']}: {sx['timeline']}\n")
+    if rep.get("forbidden_by_lenient_reason"):
+        w("second executions the strict rule forbids, by the reason the "
+          "lenient rules would give:\n")
+        for k, v in rep["forbidden_by_lenient_reason"].items():
+            w(f"  {k}: {v}\n")
     w("faults injected: " + ", ".join(
         f"{k} {v}" for k, v in rep["faults"].items()) + "\n")
     if rep["ok"]:
@@ -583,14 +783,19 @@ def print_report(rep, out=sys.stdout, max_violations=10):
 
 
 def main(argv):
-    if len(argv) != 2:
-        sys.stderr.write("usage: check.py DIR\n")
+    args = argv[1:]
+    lenient = None
+    if args and args[0] in ("--strict", "--lenient"):
+        lenient = args.pop(0) == "--lenient"
+    if len(args) != 1:
+        sys.stderr.write("usage: check.py [--strict|--lenient] DIR\n")
         return 2
-    h = load(argv[1])
-    ch = Checker(h)
+    d = args[0]
+    h = load(d)
+    ch = Checker(h, lenient)
     ch.run()
     rep = ch.report()
-    with open(os.path.join(argv[1], "report.json"), "w",
+    with open(os.path.join(d, "report.json"), "w",
               encoding="utf-8") as f:
         json.dump(rep, f, indent=1, default=list)
     print_report(rep)

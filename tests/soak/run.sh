@@ -9,7 +9,8 @@
 #
 # IDEMPROXY_BIN  the binary under test (default: build-test/proxy/idemproxy,
 #                the ASan+UBSan build of tests/run.sh)
-# SOAK_ARGS      more soak.py options (--instances 2, --clients 12, --keep)
+# SOAK_ARGS      more soak.py options (--instances 2, --clients 12, --keep;
+#                --lenient: at-least-once proxies, the former checker rules)
 set -eu
 cd "$(dirname "$0")/../.."
 SECONDS_=${1:-60}

@@ -3,7 +3,7 @@
 
     soak.py [--duration 60] [--seed N] [--instances 3] [--clients 8]
             [--faults KIND,...] [--no-redis] [--pgbouncer] [--keep]
-            [--negative-control]
+            [--negative-control] [--lenient]
 
 Starts, all on 127.0.0.1 with free ports, in a temp dir:
   - a private PostgreSQL 15 and a Redis (tests/integration/support/stores.py;
@@ -19,16 +19,24 @@ and then, for --duration seconds:
   - client threads hammer a pool of 50 key slots: sequential retries (also
     after 409/5xx/errors), bursts of concurrent duplicates on several
     instances at once, changed bodies under a used key, fresh keys; the
-    upstream behaviour of each request (status 200/201/404/429/500/503,
-    delays short, past half the lease, past the upstream timeout, a dropped
-    connection, large bodies) is chosen by headers that idemproxy does not
-    fingerprint, so duplicates of one key may meet different behaviours;
+    upstream behaviour of each request (status 200/201/404 and 502/504, all
+    stored; 401/408/425/429/500/503, released; delays short, past half the
+    lease, past the upstream timeout; a connection dropped after the
+    request was read, at once or past the upstream timeout; a response cut
+    after its head; large bodies) is chosen by headers that idemproxy does
+    not fingerprint, so duplicates of one key may meet different behaviours;
   - a fault schedule (from the seed, printed at the start) cycles through:
     SIGKILL of an instance (restarted 1 s later), SIGSTOP of an instance
     past its lease (SIGCONT after lease + 1.5 s), pg_ctl stop -m immediate
     (1 s down; and once per cycle for lease + 1 s), pg_ctl stop -m fast,
     pg_terminate_backend of every proxy backend, Redis SIGKILL (restarted
     1 s later), Redis FLUSHALL.
+The checker's rules are strict (docs/reliability.md): a second execution
+of a key follows a releasing status (config.json "release_statuses", the
+proxies' default 500,503,401,408,425,429) or an expiry, nothing else.
+--lenient runs the proxies at-least-once (--unknown-outcome release) and
+checks with the former rules (a release after a drop, a 502/504 or a
+timeout; a takeover after a kill, stop or store outage).
 At the end every instance must stop on SIGTERM with exit 0 and no sanitizer
 report (killed incarnations: no sanitizer report), the final table is read,
 and check.py proves the properties from the histories. Exit 0 when all
@@ -82,11 +90,13 @@ IDEMPROXY_BIN = os.environ.get(
 LEASE_S = 3.0
 UPSTREAM_TIMEOUT_S = 2.0
 TTL_S = 10.0
+RELEASE_STATUSES = check.DEFAULT_RELEASE_STATUSES    # the proxies' default
 WAIT_TIMEOUT_S = 10.0
 CLIENT_TIMEOUT_S = 20.0
 SLOTS = 50
 FAULT_INTERVAL_S = 6.5
 WARMUP_S = 3.0
+MIN_ANSWERED = 0.5      # of the requests, or the run fails (a dead proxy)
 
 
 def log(msg):
@@ -251,9 +261,20 @@ def behaviour(rng):
     if x < 0.16:
         return {"X-Soak-Delay-Ms": "2600"}          # past the upstream timeout
     if x < 0.17:
-        return {"X-Soak-Drop": "1"}                 # no answer: 502
+        return {"X-Soak-Drop": "1"}                 # unknown outcome
     if x < 0.20:
         return {"X-Soak-Size": "100000"}
+    if x < 0.21:
+        return {"X-Soak-Status": "502"}             # a gateway's: stored
+    if x < 0.22:
+        return {"X-Soak-Status": "504"}             # a gateway's: stored
+    if x < 0.23:
+        return {"X-Soak-Status": rng.choice(["401", "408", "425"])}
+    if x < 0.235:                                   # 504 to the client,
+        return {"X-Soak-Delay-Ms": "2600",          # then no answer
+                "X-Soak-Drop": "1"}
+    if x < 0.24:
+        return {"X-Soak-Cut": "1"}                  # cut after the head
     return {"X-Soak-Status": rng.choice(["200", "200", "201"]),
             "X-Soak-Delay-Ms": str(rng.choice([0, 0, 10, 50, 150, 400]))}
 
@@ -392,14 +413,20 @@ class Client(threading.Thread):
         return self.rng.choice(self.soak.routable())
 
     def retry_wanted(self, rec):
+        """A failure worth a back-off and a retry. Not a replay (a stored
+        502/504, an unknown outcome): the key's settled answer, the same
+        until it expires or a late completion replaces it; sending it
+        again without a pause is the other branch of op_seq."""
         st = rec["status"]
-        return st is None or st in (409, 429, 502, 503, 504) or st >= 500
+        if rec["replayed"]:
+            return False
+        return st is None or st in (408, 409, 425, 429) or st >= 500
 
     def op_seq(self, op, slot, key, body, kind="seq"):
-        """Sequential: send; after a failure (409, 429, 5xx, no answer)
-        retry with back-off (0.2 s doubling, ~8 s in all, so that retries
-        outlast a fault); after a success sometimes send again (a client
-        that did not see the answer)."""
+        """Sequential: send; after a failure (408, 409, 425, 429, 5xx, no
+        answer) retry with back-off (0.2 s doubling, ~8 s in all, so that
+        retries outlast a fault); after a success sometimes send again (a
+        client that did not see the answer)."""
         pause = 0.2
         for _ in range(7):
             if self.soak.stop.is_set():
@@ -564,6 +591,16 @@ class Faults(threading.Thread):
 
 # ---------------------------------------------------------------- the run
 
+def binary_knows(flag):
+    """Whether IDEMPROXY_BIN's --help names the option."""
+    try:
+        out = subprocess.run([IDEMPROXY_BIN, "--help"], capture_output=True,
+                             timeout=10, env=clean_env())
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return flag.encode() in out.stdout + out.stderr
+
+
 METRICS = ("idemproxy_redis_hits_total",
            "idemproxy_response_cache_hits_total",
            "idemproxy_completion_retries_total",
@@ -604,17 +641,21 @@ def run(args):
             return 2
     plan = schedule(args.duration, args.instances, rng, kinds)
     workdir = tempfile.mkdtemp(prefix="idemproxy-soak-", dir="/tmp")
+    rules = "lenient (--unknown-outcome release)" if args.lenient else \
+        "strict"
     log(f"seed {seed}, {args.duration:g} s, {args.instances} instances, "
         f"{args.clients} clients, lease {LEASE_S:g}s, upstream timeout "
         f"{UPSTREAM_TIMEOUT_S:g}s, ttl {TTL_S:g}s, "
         f"{'PostgreSQL only' if args.no_redis else 'PostgreSQL + Redis'}"
         f"{' behind pgbouncer' if args.pgbouncer else ''}; "
-        f"history in {workdir}")
+        f"{rules} rules, release statuses "
+        f"{','.join(map(str, RELEASE_STATUSES))}; history in {workdir}")
     log("fault schedule: " + ", ".join(
         f"+{o:g}s {k}{'' if i is None else ' i%d' % i}" for o, k, i in plan))
     extra = ([f"--faults={args.faults}"] if args.faults else []) + \
         (["--no-redis"] if args.no_redis else []) + \
-        (["--pgbouncer"] if args.pgbouncer else [])
+        (["--pgbouncer"] if args.pgbouncer else []) + \
+        (["--lenient"] if args.lenient else [])
     env = f"SOAK_ARGS='{' '.join(extra)}' " if extra else ""
     log(f"reproduce: {env}tests/soak/run.sh {args.duration:g} {seed}")
     config = {"seed": seed, "duration_s": args.duration,
@@ -624,7 +665,9 @@ def run(args):
               "slots": SLOTS, "negative_control": args.negative_control,
               "redis": not args.no_redis, "pgbouncer": args.pgbouncer,
               "binary": IDEMPROXY_BIN, "faults": list(kinds),
-              "plan": plan}
+              "plan": plan, "release_statuses": list(RELEASE_STATUSES),
+              "lenient": args.lenient,
+              "unknown_outcome": "release" if args.lenient else "keep"}
     with open(os.path.join(workdir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
 
@@ -653,6 +696,13 @@ def run(args):
                  "--ttl", f"{TTL_S:g}s", "--sweep-interval", "1s",
                  "--wait-timeout", f"{WAIT_TIMEOUT_S:g}s",
                  "--drain-timeout", "5s"]
+        if binary_knows("--release-statuses"):
+            # the list the checker uses, by construction (older binaries:
+            # their default, the same list)
+            flags += ["--release-statuses",
+                      ",".join(map(str, RELEASE_STATUSES))]
+        if args.lenient:
+            flags += ["--unknown-outcome", "release"]
         for n in range(args.instances):
             inst = Instance(f"i{n}", workdir, flags)
             inst.start()
@@ -748,6 +798,11 @@ def run(args):
     h = check.load(workdir)
     ch = check.Checker(h)
     ch.run()
+    # a proxy that answers nothing breaks no rule of the checker
+    answered = sum(1 for r in h.reqs.values() if r.get("status") is not None)
+    if answered < MIN_ANSWERED * len(h.reqs):
+        problems.append(f"only {answered} of {len(h.reqs)} requests got a "
+                        f"response (at least {MIN_ANSWERED:.0%} expected)")
     rep = ch.report()
     rep["seed"] = seed
     rep["duration_s"] = args.duration
@@ -786,6 +841,12 @@ def main():
     ap.add_argument("--keep", action="store_true",
                     help="keep the history dir after a passing run")
     ap.add_argument("--negative-control", action="store_true")
+    ap.add_argument("--lenient", action="store_true",
+                    help="at-least-once: the proxies run with "
+                    "--unknown-outcome release, and the checker accepts "
+                    "the former reasons for a second execution (a release "
+                    "after a drop, a 502/504 or a timeout; a takeover after "
+                    "a kill, stop or store outage)")
     ap.add_argument("--no-redis", action="store_true",
                     help="PostgreSQL alone, no --redis (and no Redis faults)")
     ap.add_argument("--pgbouncer", action="store_true",

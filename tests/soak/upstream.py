@@ -10,12 +10,13 @@ JSON line goes to FILE, before anything is answered:
   {"ev":"exec","exec":"E17","t":<time.time() when the body was read>,
    "key":<Idempotency-Key>,"req":<X-Soak-Req>,"method":"POST",
    "target":"/soak/3","body_sha":<hex>,"fp":<idemproxy's fingerprint>,
-   "status":S,"delay_ms":D,"drop":false,"resp_sha":<hex>,"resp_len":N}
+   "status":S,"delay_ms":D,"drop":false,"cut":false,"resp_sha":<hex>,
+   "resp_len":N}
 
-and once it is answered (or dropped, or the write failed):
+and once it is answered (or dropped, or cut, or the write failed):
 
   {"ev":"end","exec":"E17","t":<time.time() just before the write>,
-   "sent":true|false}
+   "sent":true|false[,"dropped":true][,"cut":true]}
 
 The response is decided before the line is written, so the line holds the
 sha256 of the exact body the upstream sends: status S, headers
@@ -30,10 +31,13 @@ it, and a replay says which execution it replays.
 What the execution does is chosen by request headers, which are not part
 of idemproxy's fingerprint (so a retry of the same request may behave
 differently): X-Soak-Status (default 200), X-Soak-Delay-Ms (wait before
-answering), X-Soak-Drop: 1 (close without answering), X-Soak-Size (pad
-bytes). GET /__stats answers {"execs":N,"inflight":N} and is not an
-execution. SIGTERM: stop accepting, wait up to 10 s for executions in
-progress, exit 0.
+answering), X-Soak-Drop: 1 (close without answering), X-Soak-Cut: 1 (send
+the head and half the body, then close: a response cut short after its
+status), X-Soak-Size (pad bytes). A dropped or cut execution is "sent":
+false, "dropped": true: it may have acted, and no response says so.
+GET /__stats answers {"execs":N,"inflight":N} and is not an execution.
+SIGTERM: stop accepting, wait up to 10 s for executions in progress,
+exit 0.
 """
 import argparse
 import hashlib
@@ -139,6 +143,7 @@ class Handler(BaseHTTPRequestHandler):
             status = int(h.get("X-Soak-Status") or 200)
             delay_ms = int(h.get("X-Soak-Delay-Ms") or 0)
             drop = h.get("X-Soak-Drop") == "1"
+            cut = h.get("X-Soak-Cut") == "1" and not drop
             size = int(h.get("X-Soak-Size") or 16)
             key = h.get("Idempotency-Key")
             req = h.get("X-Soak-Req")
@@ -153,6 +158,7 @@ class Handler(BaseHTTPRequestHandler):
                        "fp": fingerprint(self.command.encode(),
                                          self.path.encode(), body),
                        "status": status, "delay_ms": delay_ms, "drop": drop,
+                       "cut": cut,
                        "resp_sha": hashlib.sha256(resp).hexdigest(),
                        "resp_len": len(resp)})
             if delay_ms:
@@ -170,11 +176,16 @@ class Handler(BaseHTTPRequestHandler):
                 self.send_header("X-Soak-Exec", exec_id)
                 self.send_header("Content-Length", str(len(resp)))
                 self.end_headers()
-                self.wfile.write(resp)
+                self.wfile.write(resp[:len(resp) // 2] if cut else resp)
                 self.wfile.flush()
             except OSError:
                 sent = False
                 self.close_connection = True
+            if cut and sent:    # the head and half the body went out
+                self.close_connection = True
+                REC.write({"ev": "end", "exec": exec_id, "t": te,
+                           "sent": False, "dropped": True, "cut": True})
+                return
             REC.write({"ev": "end", "exec": exec_id, "t": te, "sent": sent})
         finally:
             REC.done()
