@@ -161,9 +161,14 @@ static void problem(struct evhttp_request *req, int code, const char *reason,
 		}
 	}
 	esc[j] = '\0';
+	/* with the error member SDKs read, as every problem of the proxy's */
 	evbuffer_add_printf(out, "{\"type\":\"urn:idemproxy:problem:%s\","
-			    "\"title\":\"%s\",\"status\":%d,\"detail\":\"%s\"}\n",
-			    slug, reason, code, esc);
+			    "\"title\":\"%s\",\"status\":%d,\"detail\":\"%s\","
+			    "\"error\":{\"type\":\"%s\",\"code\":\"%s\","
+			    "\"message\":\"%s\"}}\n", slug, reason, code, esc,
+			    code == 401 || code == 403 ? "authentication_error" :
+			    code >= 500 ? "api_error" : "invalid_request_error",
+			    slug, esc);
 	reply(req, code, reason, "application/problem+json", out);
 	evbuffer_free(out);
 }

@@ -589,50 +589,48 @@ def test_5xx_kept_waiters_replay(make_proxy, stub):
     assert executions(stub) == 1
 
 
-def test_upstream_drop_released(proxy, stub):
+@pytest.mark.parametrize("mode", ["release", "keep"])
+def test_upstream_drop_is_an_unknown_outcome(make_proxy, stub, mode):
+    """A connection dropped after the request was sent: the upstream may
+    have executed it, so it is never sent again, with either
+    --on-upstream-error (issue 43): 502 outcome-unknown, replayed."""
+    p = make_proxy("--on-upstream-error", mode)
     key = newkey("drop")
-    a = post(proxy.port, key, "/orders?drop=1")
-    assert_problem(a, 502, "upstream-unavailable")
-    b = post(proxy.port, key, "/orders?drop=1")
-    assert_problem(b, 502, "upstream-unavailable")
-    assert not replayed(b)
-    assert executions(stub) == 2
-
-
-def test_upstream_drop_kept(make_proxy, stub):
-    """keep: an ambiguous failure is never executed twice; the 502 is
-    stored and replayed."""
-    p = make_proxy("--on-upstream-error", "keep")
-    key = newkey("dropk")
     a = post(p.port, key, "/orders?drop=1")
-    assert_problem(a, 502, "upstream-unavailable")
+    assert_problem(a, 502, "outcome-unknown")
+    assert not replayed(a)
     b = post(p.port, key, "/orders?drop=1")
-    assert b.status == 502
+    assert_problem(b, 502, "outcome-unknown")
     assert replayed(b)
     assert b.body == a.body
     assert executions(stub) == 1
 
 
-def test_upstream_timeout_kept(make_proxy, stub):
-    p = make_proxy("--on-upstream-error", "keep", "--upstream-timeout",
+def test_upstream_drop_released_at_least_once(make_proxy, stub):
+    """--unknown-outcome release: the old behaviour, by choice."""
+    p = make_proxy("--unknown-outcome", "release")
+    key = newkey("dropr")
+    a = post(p.port, key, "/orders?drop=1")
+    assert_problem(a, 502, "upstream-unavailable")
+    b = post(p.port, key, "/orders?drop=1")
+    assert_problem(b, 502, "upstream-unavailable")
+    assert not replayed(b)
+    assert executions(stub) == 2
+
+
+@pytest.mark.parametrize("mode", ["release", "keep"])
+def test_upstream_timeout_keeps_the_late_response(make_proxy, stub, mode):
+    """No head within --upstream-timeout: 504 to the client, the exchange
+    goes on and its late response is what the retry gets."""
+    p = make_proxy("--on-upstream-error", mode, "--upstream-timeout",
                    "300ms", "--lease", "2s")
     key = newkey("tok")
     a = post(p.port, key, "/orders?delay_ms=1000")
     assert_problem(a, 504, "upstream-timeout")
     b = post(p.port, key, "/orders?delay_ms=1000")
-    assert b.status == 504 and replayed(b)
+    assert b.status == 200 and replayed(b), b
+    assert upstream_echo(b)["n"] == 1
     assert executions(stub) == 1
-
-
-def test_upstream_timeout_released(make_proxy, stub):
-    p = make_proxy("--upstream-timeout", "300ms", "--lease", "2s")
-    key = newkey("tor")
-    a = post(p.port, key, "/orders?delay_ms=1000")
-    assert_problem(a, 504, "upstream-timeout")
-    b = post(p.port, key, "/orders?delay_ms=1000")
-    assert_problem(b, 504, "upstream-timeout")
-    assert not replayed(b)
-    assert executions(stub) == 2
 
 
 def test_upstream_down_then_up(make_proxy, stub, tmp_path):

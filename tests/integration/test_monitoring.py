@@ -232,7 +232,7 @@ def test_every_alert_the_issue_names():
     assert {"IdempotencyStoreDown", "IdempotencyFailOpen",
             "IdempotencyStoreErrors", "IdempotencySweeperLag",
             "IdempotencyKeysStuck", "IdempotencyConflictSpike",
-            "IdempotencyUpstreamErrors"} <= names
+            "IdempotencyUpstreamErrors", "IdempotencyUnknownOutcomes"} <= names
     with open(OPERATIONS) as f:
         docs = f.read()
     for g in rules_doc()["groups"]:

@@ -290,8 +290,8 @@ def test_claim_plan_made_on_empty_partitions(pg_db, pg_server):
         env=clean_env({"PGCONNECT_TIMEOUT": "5"}))
 
     def claim(key, lock):
-        return (f"SELECT state FROM idemproxy_claim5('', '{key}', '\\x00', "
-                f"'o', 600000, 600000, {lock}, false);\n")
+        return (f"SELECT state FROM idemproxy_claim6('', '{key}', '\\x00', "
+                f"'o', 600000, 600000, {lock}, false, false);\n")
     try:
         # the session settings of the store (store_pg.c), then a claim:
         # the plan is made now, on empty partitions

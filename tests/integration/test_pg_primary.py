@@ -432,6 +432,11 @@ def test_host_that_timed_out_loses_ties(make_proxy, stub, pg_db, private_pg):
         statuses = [keyed_post(p.port, f"tie-{i}").status
                     for i in range(1, 21)]
         assert statuses == [200] * 20, (statuses, p.log())
+        # a completion is written after its response went out
+        deadline = time.monotonic() + 5
+        while pg_db.count("state = 'completed'") < 20 and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
         assert pg_db.count("state = 'completed'") == 20
     finally:
         relay.close()

@@ -274,16 +274,20 @@ def test_pg_restart_keeps_records(make_proxy, pg_db, pg_server, stub):
 LEASE_FLAGS = ("--lease", "2s", "--upstream-timeout", "1800ms")
 
 
-def test_owner_sigkill_lease_then_takeover(spawn_proxy, pg_db, stub):
+@pytest.mark.parametrize("mode", ["keep", "release"])
+def test_owner_sigkill_lease_then_unknown(spawn_proxy, pg_db, stub, mode):
     """A's request reaches the upstream, A is SIGKILLed. Before the lease
     (2 s) runs out, a duplicate at B is rejected (409, --in-flight reject)
-    and no second execution happens; a waiting duplicate takes the claim
-    over once the lease ran out and executes (the stub counts 2: A's
-    request had reached it too, DESIGN §1 item 10)."""
-    a = start_pg_proxy(spawn_proxy, pg_db, *LEASE_FLAGS, name="a")
-    rej = start_pg_proxy(spawn_proxy, pg_db, *LEASE_FLAGS, "--in-flight",
+    and no second execution happens. Once the lease ran out a waiting
+    duplicate finds the outcome unknown: 502 outcome-unknown, replayed,
+    never a second execution (DESIGN §1 item 10, revised by issue 43).
+    --unknown-outcome release (at-least-once): it takes the claim over and
+    executes (the stub counts 2: A's request had reached it too)."""
+    flags = (*LEASE_FLAGS, "--unknown-outcome", mode)
+    a = start_pg_proxy(spawn_proxy, pg_db, *flags, name="a")
+    rej = start_pg_proxy(spawn_proxy, pg_db, *flags, "--in-flight",
                          "reject", name="b-reject")
-    wait = start_pg_proxy(spawn_proxy, pg_db, *LEASE_FLAGS, "--wait-timeout",
+    wait = start_pg_proxy(spawn_proxy, pg_db, *flags, "--wait-timeout",
                           "10s", name="b-wait")
     key = newkey("kill")
     target = "/orders?delay_ms=1200"
@@ -313,6 +317,17 @@ def test_owner_sigkill_lease_then_takeover(spawn_proxy, pg_db, stub):
             time.sleep(0.05)
         r = fut.result(timeout=10)
     took = time.monotonic() - t_claim
+    if mode == "keep":
+        assert_problem(r, 502, "outcome-unknown")
+        assert replayed(r)
+        assert took < 4.5, took         # lease 2 s + poll 0.5 s, ASan slack
+        for p in (rej, wait):
+            d = post(p.port, key, target)
+            assert_problem(d, 502, "outcome-unknown")
+            assert replayed(d) and d.body == r.body
+        assert executions(stub) == 1
+        assert pg_db.count("state = 'unknown'") == 1
+        return
     assert r.status == 200 and not replayed(r), r
     assert upstream_echo(r)["n"] == 2
     assert executions(stub) == 2
