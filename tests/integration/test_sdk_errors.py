@@ -58,9 +58,11 @@ CLASSES = {
     ("stripe", 409): "StripeAPIError",
     ("stripe", 422): "StripeAPIError",
     ("stripe", 503): "StripeAPIError",
+    ("stripe", 502): "StripeAPIError",
     ("openai", 409): "ConflictError",
     ("openai", 422): "UnprocessableEntityError",
     ("openai", 503): "InternalServerError",
+    ("openai", 502): "InternalServerError",
 }
 
 
@@ -204,3 +206,18 @@ def test_store_unavailable(sdk, make_proxy, stub, sdk_modules):
     doc = problem_doc(out["raw"], 503, "store-unavailable", "api_error")
     assert_sdk_error(sdk, out["sdk"], doc)
     assert executions(stub, key) == 0
+
+
+@pytest.mark.parametrize("sdk", SDKS)
+def test_unknown_outcome(sdk, keyed_proxy, stub, sdk_modules):
+    """The upstream executed the first request and dropped the connection
+    (issue 43): its outcome is unknown, and the SDK's request with the same
+    key gets the replayed 502 outcome-unknown - an error, never a created
+    object, and never a second execution."""
+    p = keyed_proxy("--fingerprint-query", "ignore")
+    key = newkey(sdk, "unknown")
+    out = run_sdk(sdk_modules, sdk, "unknown", p, stub, key)
+    assert out["first"] == 502, out
+    doc = problem_doc(out["raw"], 502, "outcome-unknown", "idempotency_error")
+    assert_sdk_error(sdk, out["sdk"], doc)
+    assert executions(stub, key) == 1

@@ -17,6 +17,10 @@
 //                the same key (422), then request 2 raw
 //   store-down   the SDK sends request 1 (a proxy whose store is down: 503),
 //                then the same raw
+//   unknown      a raw request with KEY that the upstream executes and then
+//                drops (?drop=1, out of the fingerprint as above): 502
+//                outcome-unknown; then the SDK sends the same request (the
+//                replayed 502), then a raw duplicate does
 //
 // Prints one JSON line: {"sdk": <what the SDK's last call gave>, "raw":
 // {"status", "body"}, "first": <the in-progress first request's status, or
@@ -155,6 +159,11 @@ async function main() {
 		out.raw = await raw(sdk, 2);
 		break;
 	case 'store-down':
+		out.sdk = await outcome(call(1));
+		out.raw = await raw(sdk, 1);
+		break;
+	case 'unknown':
+		out.first = (await raw(sdk, 1, '?drop=1')).status;
 		out.sdk = await outcome(call(1));
 		out.raw = await raw(sdk, 1);
 		break;
