@@ -893,6 +893,18 @@ static void settle(struct idem *ix)
 	write_settlement(ix);
 }
 
+/* A request that waited and claims again keeps what is left of its wait. */
+static void rearm_wait(struct idem *ix)
+{
+	uint64_t spent;
+
+	if (!if_has(ix, IF(WAITED)))
+		return;
+	spent = clock_ms() - ix->wait_start_ms;
+	arm_timer(ix, spent < ix->req.policy->wait_timeout_ms ?
+		  ix->req.policy->wait_timeout_ms - spent : 0);
+}
+
 /* ---- the outcome probe ------------------------------------------------ */
 
 /*
@@ -953,11 +965,17 @@ static void on_probe_written(void *arg, const struct store_result *res)
 		return;
 	}
 	/* released (this request may execute now), or changed meanwhile (the
-	 * owner's completion landed, or a purge): claim again */
+	 * owner's completion landed, or a purge): claim again - unless the
+	 * client left while the probe was asked: nobody to execute it for */
+	if (ix->client == NULL) {
+		idem_done(ix);
+		return;
+	}
 	if_clr(ix, IF(RESOLVER));
 	ix->owner[0] = '\0';
 	stored_response_unref(ix->outcome);
 	ix->outcome = NULL;
+	rearm_wait(ix);
 	claim(ix);
 }
 
@@ -1066,7 +1084,6 @@ static void forward_owned(struct idem *ix)
 static void on_retaken(void *arg, const struct store_result *res)
 {
 	struct idem *ix = arg;
-	uint64_t spent;
 
 	ix->op = NULL;
 	if (res->status == STORE_ERROR) {
@@ -1078,11 +1095,7 @@ static void on_retaken(void *arg, const struct store_result *res)
 	if_clr(ix, IF(OWNS));
 	metrics_gauge_add(GAUGE_in_flight, -1);
 	ix->owner[0] = '\0';
-	if (if_has(ix, IF(WAITED))) {
-		spent = clock_ms() - ix->wait_start_ms;
-		arm_timer(ix, spent < ix->req.policy->wait_timeout_ms ?
-			  ix->req.policy->wait_timeout_ms - spent : 0);
-	}
+	rearm_wait(ix);
 	claim(ix);
 }
 
@@ -1269,6 +1282,8 @@ static void on_claim(void *arg, const struct store_result *res)
 				 ix->req.claim.key.key);
 		}
 		if (ix->req.policy->probe_target != NULL && ix->client != NULL) {
+			/* the timer is the probe's now; a wait goes on after */
+			evtimer_del(ix->timer);
 			if_set(ix, IF(RESOLVER));
 			memcpy(ix->owner, res->owner, sizeof(ix->owner));
 			ix->outcome = stored_response_ref(res->resp);

@@ -20,6 +20,7 @@
 #include "idem.h"
 #include "issue.h"
 #include "keyed.h"
+#include "probe.h"
 #include "reply.h"
 #include "reqhead.h"
 #include "route.h"
@@ -441,6 +442,23 @@ static void test_settlement(const struct config *cfg)
 			 &custom, err, sizeof(err)) < 0, "600: error");
 }
 
+/* The outcome probe's target: the key percent-encoded where {key} is. */
+static void test_probe_target(void)
+{
+	char out[64];
+
+	is_int(probe_target("/orders/by-key/{key}", "o-42_x.y~z", out,
+			    sizeof(out)), 25, "unreserved bytes as they are");
+	is_str(out, "/orders/by-key/o-42_x.y~z", "the key in the path");
+	probe_target("/p/{key}?q={key}", "a b/c?d&%", out, sizeof(out));
+	is_str(out, "/p/a%20b%2Fc%3Fd%26%25?q=a%20b%2Fc%3Fd%26%25",
+	       "every other byte encoded, each {key} replaced");
+	is_int(probe_target("/p/{key}", "0123456789", out, 12), 0,
+	       "too long for the buffer: 0");
+	is_int(probe_target("/p/{key", "k", out, sizeof(out)), 7,
+	       "a brace that is no {key} stays");
+}
+
 static void test_keep_alive_and_replies(void)
 {
 	struct hdrlist h;
@@ -491,6 +509,7 @@ int main(void)
 	test_normalise();
 	test_issue(cfg);
 	test_settlement(cfg);
+	test_probe_target();
 	test_keep_alive_and_replies();
 	config_unref(cfg);
 	unlink(ini_path);

@@ -262,6 +262,10 @@ static void test_config_values(void)
 		"max_cached_response = 1MiB\n"
 		"on_upstream_error = keep\n"
 		"store_down = fail-open\n"
+		"release_statuses = 503, 409\n"
+		"upstream_deadline = 90s\n"
+		"unknown_outcome = release\n"
+		"outcome_probe = GET /api/things/{key}?by=key\n"
 		"[route stripe]\n"
 		"match = POST /hooks/stripe\n"
 		"verify_format = stripe    ; before verify: order does not matter\n"
@@ -303,6 +307,15 @@ static void test_config_values(void)
 		is_int(p->on_upstream_error, UPSTREAM_ERROR_KEEP, "values: on_upstream_error");
 		is_int(p->store_down, STORE_DOWN_FAIL_OPEN, "values: store_down");
 		is_int(p->verify, VERIFY_NONE, "values: no verify by default");
+		ok(status_set_has(&p->release_statuses, 409) &&
+		   status_set_has(&p->release_statuses, 503) &&
+		   !status_set_has(&p->release_statuses, 500),
+		   "values: release_statuses");
+		is_int(p->upstream_deadline_ms, 90000, "values: upstream_deadline");
+		is_int(p->unknown_outcome, UNKNOWN_RELEASE, "values: unknown_outcome");
+		is_str(p->probe_method, "GET", "values: outcome_probe method");
+		is_str(p->probe_target, "/api/things/{key}?by=key",
+		       "values: outcome_probe target");
 	}
 	p = route_policy(&c->routing, HTTP_POST, "/hooks/stripe", &name);
 	ok(p != NULL && p->verify == VERIFY_STRIPE,
@@ -480,6 +493,19 @@ static void test_config_errors(void)
 		  4, "route o: max_body: invalid size");
 	fails_ini("no-name.ini", "[idemproxy]\n[route]\nmatch = POST /o\n", NOENV, 2,
 		  "[route] needs a name");
+	fails_ini("probe-post.ini", "[idemproxy]\n[route o]\nmatch = POST /o\n"
+		  "outcome_probe = POST /o/{key}\n", NOENV, 4,
+		  "route o: outcome_probe: use GET /path/{key}");
+	fails_ini("probe-nokey.ini", "[idemproxy]\n[route o]\nmatch = POST /o\n"
+		  "outcome_probe = GET /o/key\n", NOENV, 4,
+		  "route o: outcome_probe: the target must start with / and hold {key}");
+	fails_ini("probe-blank.ini", "[idemproxy]\n[route o]\nmatch = POST /o\n"
+		  "outcome_probe = GET /o/{key} x\n", NOENV, 4,
+		  "route o: outcome_probe: the target has a blank");
+	fails_ini("deadline.ini", "[idemproxy]\nupstream_timeout = 20s\n"
+		  "[route o]\nmatch = POST /o\nupstream_deadline = 5s\n", NOENV, 3,
+		  "route o: upstream_deadline must not be shorter than "
+		  "upstream_timeout");
 	/* the first bad route is the one reported, with its own line */
 	fails_ini("second-route.ini",
 		  "[idemproxy]\n[route a]\nmatch = POST /a\n[route b]\n"
@@ -560,6 +586,10 @@ static void test_same_as_global(void)
 		"lots", "", "0", "1", "1KB", "64KiB", "512MiB", "513MiB", "1GiB",
 		"2GiB", "99999999999999999999",
 	};
+	static const char *const statuses[] = {
+		"", "500", "500,503", " 429 , 500 ", "none", "50", "600", "500,500",
+		"5xx",
+	};
 	static const char *const words[] = {
 		"", "maybe", "2", "YES", "off", "1", "queue", "REJECT", "wait",
 		"open", "fail-open", "x", "keep", "Release",
@@ -574,6 +604,9 @@ static void test_same_as_global(void)
 		{ "max_body", sizes, 11 }, { "max_cached_response", sizes, 11 },
 		{ "require_key", words, 14 }, { "in_flight", words, 14 },
 		{ "store_down", words, 14 }, { "on_upstream_error", words, 14 },
+		{ "unknown_outcome", words, 14 },
+		{ "upstream_deadline", durations, 13 },
+		{ "release_statuses", statuses, 9 },
 	};
 	char g[1024], r[1024];
 
