@@ -670,7 +670,7 @@ static void forward(struct idem *ix, enum outcome o)
 	if (ix->client != NULL)
 		ix->sink->forwarding(ix->client, o);
 	if (!send_request(ix)) {
-		up_error(ix, UPSTREAM_ERROR_CONNECT, false);
+		up_error(ix, UPSTREAM_ERROR_CONNECT, 0);	/* nothing left */
 		return;
 	}
 	if (if_has(ix, IF(OWNS)))
