@@ -8,8 +8,8 @@ with --wake store_pg_wake_sql), for tests/bench/keyed.sh.
     pgbench -n -M prepared -f claim.sql -D scope= -D fp='\\x..' ... DB
 
 The store prepares them as
-    PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint, boolean)
-    PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint, bigint)
+    PREPARE idem_claim (text, text, bytea, text, bigint, bigint, bigint, boolean, boolean)
+    PREPARE idem_complete (text, text, text, int, bytea, bytea, bigint, bigint, boolean)
 pgbench cannot give types to its parameters, so each $n becomes
 CAST(:var AS type) with the type of that PREPARE: the same statement, the
 same plan. A pgbench transaction is one claim and one complete, each its
@@ -17,7 +17,9 @@ own implicit transaction (2 round trips, 2 durable commits), as idemproxy
 sends them for a new key whose batches hold one statement. Variables: :k
 (key) and :o (owner) are random per transaction (\\set; the key, a number,
 is also the claim's lock id); :w, the claim's "waits for a record in
-flight", is 0 (a new key finds none); scope, fp, lease, ttl, status,
+flight", is 0 (a new key finds none), and so are :t, "takes a lapsed
+lease over", and :u, "the response is an unknown outcome's" (a new key
+completes with its response); scope, fp, lease, ttl, status,
 headers and body come from -D (keyed.sh takes headers and body from a row
 idemproxy stored; scope is "-" there: pgbench cannot define an empty
 variable, idemproxy's default scope is the empty string).
@@ -35,13 +37,13 @@ import re
 import sys
 
 WAKE_KEYS = "ARRAY[CAST(:scope AS text) || ':' || CAST(:k AS text)]"
-CLAIM = ["scope", "k", "fp", "o", "lease", "ttl", "k", "w"]
+CLAIM = ["scope", "k", "fp", "o", "lease", "ttl", "k", "w", "t"]
 CLAIM_T = ["text", "text", "bytea", "text", "bigint", "bigint", "bigint",
-           "boolean"]
+           "boolean", "boolean"]
 COMPLETE = ["scope", "k", "o", "status", "headers", "body", "ttl",
-            "c_part_hint"]
+            "c_part_hint", "u"]
 COMPLETE_T = ["text", "text", "text", "int", "bytea", "bytea", "bigint",
-              "bigint"]
+              "bigint", "boolean"]
 
 
 def expand_macro(src, name):
@@ -98,6 +100,8 @@ def main():
     print("\\set k random(1, 9000000000000000000)")
     print("\\set o random(1, 9000000000000000000)")
     print("\\set w 0")
+    print("\\set t 0")
+    print("\\set u 0")
     # the completion names the claim's partition hint ($8): \\gset keeps
     # the claim's columns as variables c_state ... c_part_hint
     if "$8" in complete:
