@@ -193,6 +193,24 @@ bool httphdr_is_hop_by_hop(const char *name, size_t len)
 	return false;
 }
 
+/* c with '_' read as '-' and ASCII letters lower-cased. */
+static char fold(char c)
+{
+	if (c == '_')
+		return '-';
+	return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
+}
+
+bool httphdr_name_folds_to(const char *s, size_t len, const char *name)
+{
+	if (strlen(name) != len)
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (fold(s[i]) != fold(name[i]))
+			return false;
+	return true;
+}
+
 static bool is_ows(char c)
 {
 	return c == ' ' || c == '\t';

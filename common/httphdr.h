@@ -80,6 +80,15 @@ bool httphdr_list_has(const char *list, size_t len, const char *token);
  */
 bool httphdr_drop_on_forward(const struct hdrlist *h, uint32_t i);
 
+/*
+ * Is the field name s[0..len) the name `name` once every '_' of both is read
+ * as '-', letters compared case-insensitively? X_Client_Cert_SAN and
+ * X-Client-Cert_SAN are other fields than X-Client-Cert-SAN in HTTP, but
+ * the same variable (HTTP_X_CLIENT_CERT_SAN) to CGI, WSGI and Rack servers:
+ * a field the proxy vouches for must be dropped in all its spellings.
+ */
+bool httphdr_name_folds_to(const char *s, size_t len, const char *name);
+
 /* Is the name a valid RFC 9110 token (non-empty, tchar only)? */
 bool httphdr_is_token(const char *s, size_t len);
 

@@ -35,12 +35,41 @@ static void write_forwarded_for(struct h1_out *o, const struct reqhead *r)
 	h1_out_add(o, "\r\n", 2);
 }
 
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The fields the proxy writes itself: X-Forwarded-For (the peer appended),
+ * -Proto and -Host (set when absent), and with --tls-client-ca the names of
+ * the certificate this listener verified. */
+static const char *const forwarded_names[] = {
+	"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host",
+};
+static const char *const cert_names[] = {
+	"x-client-cert-subject", "x-client-cert-san",
+};
+
+/* Is name[0..len) one of names[0..n) in some spelling of '_' and '-'? */
+static bool folds_to_any(const char *name, size_t len,
+			 const char *const *names, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (httphdr_name_folds_to(name, len, names[i]))
+			return true;
+	return false;
+}
+
 /*
  * The client's fields that go upstream as they are. Host and the
  * X-Forwarded-* fields the proxy sets are its own: a client naming them in
  * Connection does not remove them (DESIGN §7). Over TLS the proxy knows
  * the scheme itself: a client's X-Forwarded-Proto is replaced by https
  * (nobody in front could have terminated TLS).
+ *
+ * Nor can a client write what the proxy vouches for in another spelling:
+ * CGI, WSGI and Rack servers read X_Forwarded_Proto and X-Client-Cert_SAN
+ * as the fields the proxy writes (httphdr_name_folds_to). The certificate's
+ * names are dropped in every spelling whenever --tls-client-ca is set, the
+ * X-Forwarded-* names whenever they hold an '_': a trusted hop in front,
+ * whose X-Forwarded-Proto and -Host are kept, spells them with dashes.
  */
 static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 {
@@ -48,6 +77,12 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 	uint32_t n = h->v[i].name_len;
 	const char *name = hdr_name(h, i);
 
+	if (r->cfg->tls_client_ca != NULL &&
+	    folds_to_any(name, n, cert_names, COUNT(cert_names)))
+		return false;	/* ours: what this listener verified */
+	if (memchr(name, '_', n) != NULL &&
+	    folds_to_any(name, n, forwarded_names, COUNT(forwarded_names)))
+		return false;	/* a spelling no hop in front writes */
 	if (n == 15 && strcasecmp(name, "x-forwarded-for") == 0)
 		return false;	/* rewritten below */
 	if (r->tls && n == 17 && strcasecmp(name, "x-forwarded-proto") == 0)
@@ -58,10 +93,6 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 		return true;
 	if (httphdr_drop_on_forward(h, i))
 		return false;
-	if (r->cfg->tls_client_ca != NULL &&
-	    ((n == 21 && strcasecmp(name, "x-client-cert-subject") == 0) ||
-	     (n == 17 && strcasecmp(name, "x-client-cert-san") == 0)))
-		return false;	/* ours: what this listener verified */
 	return !(r->drop_expect && n == 6 && strcasecmp(name, "expect") == 0);
 }
 

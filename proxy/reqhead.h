@@ -3,8 +3,8 @@
  * the upstream's path prefix, the client's end-to-end fields, Host when the
  * client sent none, X-Forwarded-For/-Proto/-Host (DESIGN.md §1, §7), the
  * verified client certificate's names (X-Client-Cert-Subject and -SAN, with
- * --tls-client-ca: the client's own fields of those names are dropped),
- * and our own body framing.
+ * --tls-client-ca: the client's own fields of those names are dropped, also
+ * spelt with '_' for '-'), and our own body framing.
  */
 #ifndef IDEMPROXY_REQHEAD_H
 #define IDEMPROXY_REQHEAD_H

@@ -1,7 +1,9 @@
 """TLS on both sides (issue 12): the article's E1-E3 over an HTTPS
 listener, keep-alive, pipelining, 100-continue, a large body, an HTTPS
 upstream (pooling, resumption, verification failures, mTLS), SIGHUP
-rotation, hostile clients on the TLS port, SIGTERM drain, startup errors.
+rotation, hostile clients on the TLS port, SIGTERM drain, startup errors,
+and the fields the proxy vouches for, which a client cannot spell otherwise
+(X_Client_Cert_Subject, X_Forwarded_Proto: issue 44).
 
 The PKI and the HTTPS front for the stub are in support/tls.py.
 """
@@ -14,12 +16,14 @@ import socket
 import ssl
 import subprocess
 import time
+import uuid
 
 import pytest
 
 from support.http import RawConn, assert_problem, build_request, upstream_echo
 from support.procs import IDEMPROXY_BIN, clean_env, free_port, metric_value
-from support.tls import Pki, TlsConn, TlsFront, peer_fingerprint
+from support.tls import (Pki, TlsConn, TlsFront, client_context,
+                         peer_fingerprint)
 
 
 @pytest.fixture(scope="session")
@@ -366,3 +370,82 @@ def test_startup_errors(pki, stub, tmp_path, case):
     err = r.stderr.decode()
     assert r.returncode == 2, (r.returncode, err)
     assert opt in err, err
+
+
+# ------------------------------------------------------------ identity fields
+
+# What a client may send in the place of the fields the proxy writes: other
+# fields in HTTP, but HTTP_X_CLIENT_CERT_SUBJECT and the like to CGI, WSGI
+# and Rack servers, which map '-' and '_' to one name.
+SPOOFED = [
+    ("X_Client_Cert_Subject", "CN=admin"),
+    ("X-Client-Cert_SAN", "DNS:admin.example"),
+    ("x_client_cert_san", "email:admin@example"),
+    ("X-CLIENT-CERT-SUBJECT", "CN=admin"),
+    ("X_Forwarded_Proto", "http"),
+    ("X_Forwarded_For", "10.6.6.6"),
+    ("X-Forwarded_Host", "evil.example"),
+]
+
+
+def tenant_post(port, pki, ctx, key, tenant, extra):
+    h = [("Content-Type", "application/json"), ("Idempotency-Key", key),
+         ("X-Tenant", tenant)] + list(extra)
+    with TlsConn(port, pki, context=ctx) as c:
+        return c.request("POST", "/t", headers=h, body=b'{"a":1}')
+
+
+@pytest.mark.parametrize("cert", [False, True], ids=["no-cert", "cert"])
+def test_vouched_fields_in_other_spellings_are_dropped(make_proxy, tls_args,
+                                                       pki, tmp_path, cert):
+    ini = tmp_path / "tenant.ini"
+    ini.write_text("[route t]\nmatch = POST /t*\nscope = header:X-Tenant\n")
+    p = make_proxy(*tls_args, "--tls-client-ca", pki.ca, "--config", str(ini))
+    ctx = client_context(pki)
+    if cert:
+        ctx.load_cert_chain(pki.cert("client"), pki.key("client"))
+    key = f"v-{uuid.uuid4()}"
+    extra = SPOOFED + [("X_Tenant", "other"), ("X_Custom_Field", "1")]
+    r = tenant_post(p.port, pki, ctx, key, "acme", extra)
+    assert r.status == 200 and r.header("Idempotent-Replayed") != "true", r
+    seen = upstream_echo(r)["hdict"]
+    for name, _ in SPOOFED:
+        assert "_" not in name or name.lower() not in seen, (name, seen)
+    if cert:
+        assert seen["x-client-cert-subject"] == ["CN=idemproxy client"], seen
+    else:
+        assert "x-client-cert-subject" not in seen, seen
+    assert "x-client-cert-san" not in seen, seen     # the client's has none
+    assert seen["x-forwarded-proto"] == ["https"], seen
+    assert seen["x-forwarded-for"] == ["127.0.0.1"], seen
+    assert seen["x-forwarded-host"] == ["example.test"], seen
+    # what the proxy does not vouch for goes up as sent, the scope's field
+    # and its other spellings too
+    assert seen["x-tenant"] == ["acme"] and seen["x_tenant"] == ["other"]
+    assert seen["x_custom_field"] == ["1"], seen
+    # the scope is X-Tenant's value, whatever X_Tenant says
+    again = tenant_post(p.port, pki, ctx, key, "acme",
+                        [("X_Tenant", "changed")])
+    assert again.header("Idempotent-Replayed") == "true", again
+    other = tenant_post(p.port, pki, ctx, key, "globex", [])
+    assert other.status == 200, other
+    assert other.header("Idempotent-Replayed") != "true", other
+
+
+def test_forwarded_spellings_on_plain_http(make_proxy):
+    """Without TLS and --tls-client-ca: a hop in front's X-Forwarded-Proto
+    is kept, its '_' spellings are not; the certificate's names are not the
+    proxy's, so they pass in any spelling."""
+    p = make_proxy()
+    with RawConn(p.port) as c:
+        r = c.request("GET", "/p", headers=[
+            ("X-Forwarded-Proto", "https"), ("X_Forwarded_Proto", "http"),
+            ("X_Forwarded_For", "10.6.6.6"), ("X-Forwarded_Host", "evil"),
+            ("X_Client_Cert_Subject", "CN=front")])
+    seen = upstream_echo(r)["hdict"]
+    assert seen["x-forwarded-proto"] == ["https"], seen
+    assert seen["x-forwarded-for"] == ["127.0.0.1"], seen
+    assert seen["x-forwarded-host"] == ["example.test"], seen
+    for name in ("x_forwarded_proto", "x_forwarded_for", "x-forwarded_host"):
+        assert name not in seen, (name, seen)
+    assert seen["x_client_cert_subject"] == ["CN=front"], seen

@@ -108,6 +108,31 @@ static void test_lists_and_tokens(void)
 	}
 }
 
+/* Issue 44: the spellings CGI, WSGI and Rack servers read as one field. */
+static void test_folding(void)
+{
+	static const char *const same[] = {
+		"X-Client-Cert-SAN", "x-client-cert-san", "X_Client_Cert_SAN",
+		"X-Client-Cert_SAN", "x_CLIENT-cert_san", "X_CLIENT_CERT_SAN",
+	};
+	static const char *const other[] = {
+		"X-Client-Cert-SAN2", "X-Client-Cert-SA", "X-Client-CertSAN",
+		"X-Client-Cert.SAN", "X--Client-Cert-SAN", "", "X-Client-Cert-Subject",
+	};
+
+	for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++)
+		ok(httphdr_name_folds_to(same[i], strlen(same[i]), "x-client-cert-san"),
+		   "%s folds to x-client-cert-san", same[i]);
+	for (size_t i = 0; i < sizeof(other) / sizeof(other[0]); i++)
+		ok(!httphdr_name_folds_to(other[i], strlen(other[i]), "x-client-cert-san"),
+		   "\"%s\" does not", other[i]);
+	ok(httphdr_name_folds_to("X-Forwarded-Proto", 11, "x-forwarded") &&
+	   !httphdr_name_folds_to("X-Forwarded-Proto", 17, "x-forwarded"),
+	   "the length given counts, not the NUL");
+	ok(httphdr_name_folds_to("x-a", 3, "X_A"), "'_' in the name asked for folds too");
+	ok(!httphdr_name_folds_to("X-\xc1", 3, "x-\xe1"), "only ASCII letters fold");
+}
+
 static void test_validate(void)
 {
 	struct hdrlist h;
@@ -158,6 +183,7 @@ int main(void)
 	test_collect();
 	test_hop_by_hop();
 	test_lists_and_tokens();
+	test_folding();
 	test_validate();
 	return tap_done();
 }
