@@ -37,8 +37,6 @@
 #include "jsontext.h"
 #include "jwt_priv.h"
 
-#define SHOWN_MAX 60		/* bytes of a token quoted in why */
-
 const struct jwt_alg_info jwt_algs[JWT_ALG_COUNT] = {
 	[JWT_RS256] = { "RS256", FAM_RSA, "SHA256", false, 0 },
 	[JWT_RS384] = { "RS384", FAM_RSA, "SHA384", false, 0 },
@@ -66,11 +64,11 @@ void jwt_say(char *why, size_t len, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* s[0..len) fit to quote: at most SHOWN_MAX bytes, only printable ASCII
+/* s[0..len) fit to quote: at most JWT_SHOWN_MAX bytes, only printable ASCII
  * other than quotes and backslashes ('?' for the rest). */
-static const char *shown(const char *s, size_t len, char buf[SHOWN_MAX + 4])
+const char *jwt_shown(const char *s, size_t len, char buf[JWT_SHOWN_MAX + 4])
 {
-	size_t n = len < SHOWN_MAX ? len : SHOWN_MAX;
+	size_t n = len < JWT_SHOWN_MAX ? len : JWT_SHOWN_MAX;
 
 	for (size_t i = 0; i < n; i++) {
 		unsigned char ch = (unsigned char)s[i];
@@ -215,7 +213,7 @@ bool jwt_string_is(struct json_object *v, const char *s)
 
 int jwt_algs_parse(const char *list, unsigned *mask, char *why, size_t len)
 {
-	char all[128], buf[SHOWN_MAX + 4];
+	char all[128], buf[JWT_SHOWN_MAX + 4];
 	const char *p = list;
 	unsigned m = 0;
 
@@ -238,7 +236,7 @@ int jwt_algs_parse(const char *list, unsigned *mask, char *why, size_t len)
 				jwt_say(why, len, "\"none\" is never accepted");
 			else
 				jwt_say(why, len, "unknown algorithm \"%s\" (use %s)",
-				    shown(p + s, e - s, buf), all);
+				    jwt_shown(p + s, e - s, buf), all);
 			return -1;
 		}
 		m |= 1u << a;
@@ -252,18 +250,29 @@ int jwt_algs_parse(const char *list, unsigned *mask, char *why, size_t len)
 
 void jwt_algs_format(unsigned mask, char *buf, size_t len)
 {
+	jwt_algs_join(mask, ",", false, buf, len);
+}
+
+void jwt_algs_join(unsigned mask, const char *sep, bool families, char *buf,
+		   size_t len)
+{
 	size_t n = 0;
 
 	if (len == 0)
 		return;
 	buf[0] = '\0';
 	for (int a = 0; a < JWT_ALG_COUNT; a++) {
-		int w;
+		const char *name = jwt_algs[a].name;
+		int cut = (int)strlen(name), w;
 
 		if (!(mask & (1u << a)))
 			continue;
-		w = snprintf(buf + n, len - n, "%s%s", n ? "," : "", jwt_algs[a].name);
-
+		if (families && a + 2 < JWT_ALG_COUNT && (mask >> a & 7u) == 7u &&
+		    strncmp(name, jwt_algs[a + 2].name, 2) == 0) {
+			cut = 2;	/* RS256, RS384 and RS512 as "RS" */
+			a += 2;
+		}
+		w = snprintf(buf + n, len - n, "%s%.*s", n ? sep : "", cut, name);
 		if (w < 0 || (size_t)w >= len - n) {
 			buf[n] = '\0';	/* cut short at a name */
 			return;
@@ -355,7 +364,7 @@ static enum jwt_error header_check(const struct jwt_check *c, const struct token
 {
 	const char *name, *typ;
 	size_t nlen, tlen;
-	char buf[SHOWN_MAX + 4];
+	char buf[JWT_SHOWN_MAX + 4];
 
 	*hdr = jwt_json_object((const char *)tk->hdr, tk->hlen);
 	if (*hdr == NULL || jwt_member_string(*hdr, "alg", &name, &nlen) < 0 ||
@@ -376,12 +385,14 @@ static enum jwt_error header_check(const struct jwt_check *c, const struct token
 	}
 	if (typ != NULL && !(tlen == 3 && strncasecmp(typ, "JWT", 3) == 0) &&
 	    !(tlen == 6 && strncasecmp(typ, "at+jwt", 6) == 0)) {
-		jwt_say(why, wl, "The token's typ \"%s\" is not JWT.", shown(typ, tlen, buf));
+		jwt_say(why, wl, "The token's typ \"%s\" is not JWT.",
+		    jwt_shown(typ, tlen, buf));
 		return JWT_MALFORMED;
 	}
 	*alg = jwt_alg_find(name, nlen);
 	if (*alg < 0 || !(c->algs & (1u << *alg))) {
-		jwt_say(why, wl, "The token's alg \"%s\" is not accepted.", shown(name, nlen, buf));
+		jwt_say(why, wl, "The token's alg \"%s\" is not accepted.",
+		    jwt_shown(name, nlen, buf));
 		return JWT_ALG_REFUSED;
 	}
 	return JWT_OK;
@@ -449,14 +460,17 @@ out:
 }
 
 /* Try each key that may verify alg: with a kid in the token, the keys of
- * that kid and those that have none (PEM keys, a secret: identity
- * providers send a kid whatever the key file). */
+ * that kid and those that have none (PEM and DER keys, a secret file, a
+ * JWK without kid: identity providers send a kid whatever the key file),
+ * never a key of another kid. A key without kid vouches for whatever it
+ * signs, so trying it for a token with a kid takes no token it would not
+ * take without one. */
 static enum jwt_error signature_check(const struct jwt_check *c, int alg,
 				      const char *kid, size_t kidlen,
 				      const struct token *tk, char *why, size_t wl)
 {
 	const struct jwt_alg_info *a = &jwt_algs[alg];
-	char buf[SHOWN_MAX + 4];
+	char buf[JWT_SHOWN_MAX + 4];
 	size_t want = 0;	/* a signature length that was not the token's */
 	int tried = 0, wrong_len = 0;
 
@@ -496,7 +510,7 @@ static enum jwt_error signature_check(const struct jwt_check *c, int alg,
 	}
 	if (kid != NULL)
 		jwt_say(why, wl, "No %s key has the token's kid \"%s\".", a->name,
-		    shown(kid, kidlen, buf));
+		    jwt_shown(kid, kidlen, buf));
 	else
 		jwt_say(why, wl, "No key verifies %s.", a->name);
 	return JWT_NO_KEY;

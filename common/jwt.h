@@ -3,13 +3,16 @@
  * so that a route can scope its keys by who the caller is (scope =
  * jwt:CLAIM, e.g. jwt:sub) rather than by a header anyone can write.
  *
- * The keys come from a file read at config load: a JWKS, PEM public keys
- * or certificates, or an HMAC secret. A token is taken only when its alg
- * is on the route's allow-list, a key of that alg's own family (RSA for
- * RS and PS, the matching EC curve for ES, Ed25519 for EdDSA, a secret for
- * HS) verifies its signature, and its exp, nbf, iss and aud hold. Nothing
- * in a token ever picks a key beyond its kid: jwk, jku, x5u and x5c are
- * ignored, "none" is never accepted and "crit" is refused.
+ * The keys come from a file read at config load: a JWKS, PEM or DER public
+ * keys or certificates, or - named "hmac:FILE" - an HMAC secret. A token
+ * is taken only when its alg is on the route's allow-list, a key of that
+ * alg's own family (RSA for RS and PS, the matching EC curve for ES,
+ * Ed25519 for EdDSA, a secret for HS) verifies its signature, and its exp,
+ * nbf, iss and aud hold. Nothing in a token ever picks a key beyond its
+ * kid, which rules out the keys of another kid (keys without one - PEM,
+ * DER, a secret file - vouch for whatever they sign, kid or not): jwk,
+ * jku, x5u and x5c are ignored, "none" is never accepted and "crit" is
+ * refused.
  */
 #ifndef IDEMPROXY_JWT_H
 #define IDEMPROXY_JWT_H
@@ -53,7 +56,8 @@ int jwt_algs_parse(const char *list, unsigned *mask, char *why,
 void jwt_algs_format(unsigned mask, char *buf, size_t len);
 
 /*
- * The keys of the file at path, or NULL with err "PATH: why":
+ * The keys of the file spec names, or NULL with err "FILE: why". A path is
+ * read by what the file holds:
  * - a JWKS {"keys":[...]} or a single JWK: kty RSA (n, e), EC (crv P-256,
  *   P-384, P-521; x, y), OKP (crv Ed25519; x) and oct (k, a secret);
  *   optional kid, alg (the one algorithm the key may verify), use ("sig";
@@ -63,15 +67,20 @@ void jwt_algs_format(unsigned mask, char *buf, size_t len);
  * - PEM: "PUBLIC KEY", "RSA PUBLIC KEY" or "CERTIFICATE" blocks (a
  *   certificate only lends its key: its dates and issuer are not checked).
  *   A private key is refused: the file should hold the public key only.
- * - anything else: the whole file, trailing newlines stripped, is an HMAC
- *   secret.
+ * - DER: one certificate (a .cer), SubjectPublicKeyInfo or PKCS#1 RSA
+ *   public key, or the base64 of one (a JWKS x5c entry; line breaks
+ *   allowed).
+ * Anything else is an error that says what the file is: a file is an HMAC
+ * secret only when spec says so, "hmac:FILE". Then the whole file,
+ * trailing newlines stripped, is the secret (its bytes, not decoded), and
+ * a file that reads as any of the forms above is refused.
  * RSA keys must have at least 2048 bits, EC points lie on their curve
  * (OpenSSL's public key check); secrets at least 32 bytes, and a secret
  * serves only the HS algorithms whose hash is no longer than it (RFC 7518
  * §3.2: 32 bytes HS256, 48 also HS384, 64 also HS512). At most
  * JWT_KEYS_MAX keys. File I/O: for config load, not the event loop.
  */
-struct jwt_keys *jwt_keys_load(const char *path, char *err, size_t errlen);
+struct jwt_keys *jwt_keys_load(const char *spec, char *err, size_t errlen);
 void jwt_keys_free(struct jwt_keys *k);
 int jwt_keys_count(const struct jwt_keys *k);
 /* How many keys of the file were skipped (other kty, crv, use, alg). */
@@ -79,6 +88,11 @@ int jwt_keys_skipped(const struct jwt_keys *k);
 /* The algorithms these keys can ever verify, so that a config can refuse
  * an allow-list that no key serves. */
 unsigned jwt_keys_algs(const struct jwt_keys *k);
+/* Key i (0 <= i < jwt_keys_count()) for --check-config: its kind and size,
+ * the algorithms it may verify by family, its kid: "RSA 2048 RS/PS",
+ * "EC P-256 ES256 kid \"a\"", "HMAC 48 bytes HS256/HS384". */
+void jwt_keys_describe(const struct jwt_keys *k, int i, char *buf,
+		       size_t len);
 
 enum jwt_error {
 	JWT_OK = 0,

@@ -1,15 +1,21 @@
 /*
- * jwt_keys.c - the keys of a jwt_keys file (see jwt.h): a JWKS, PEM public
- * keys or certificates, or an HMAC secret, each reduced to what
- * verification needs - an EVP_PKEY or a secret, an optional kid, and the
- * mask of algorithms it may verify (its family's, narrowed by a JWK's alg
- * and a secret's size), so that jwt.c never asks a token which key to use
- * beyond its kid.
+ * jwt_keys.c - the keys of a jwt_keys file (see jwt.h): a JWKS, PEM or DER
+ * public keys or certificates (DER also as bare base64, as in a JWKS x5c),
+ * or - only when the operator says so, "hmac:FILE" - an HMAC secret. Each
+ * is reduced to what verification needs - an EVP_PKEY or a secret, an
+ * optional kid, and the mask of algorithms it may verify (its family's,
+ * narrowed by a JWK's alg and a secret's size), so that jwt.c never asks a
+ * token which key to use beyond its kid.
+ *
+ * A file's form is found from its content, and a file of no known form is
+ * refused: read as a secret, the public certificate an identity provider
+ * publishes would let anyone MAC an HS256 token that verifies.
  */
 #include "jwt_priv.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <openssl/asn1.h>
 #include <openssl/bn.h>
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
@@ -28,6 +35,7 @@
 #define FILE_MAX (1 << 20)	/* a key file larger than this is a mistake */
 #define RSA_BITS_MIN 2048
 #define SECRET_MIN 32
+#define HMAC_PREFIX "hmac:"	/* jwt_keys = hmac:FILE: FILE is a secret */
 
 /* The EC curves by JWK name and by the name OpenSSL reports. */
 static const struct curve {
@@ -120,6 +128,7 @@ static int keys_add(struct jwt_keys *k, EVP_PKEY *pkey, const void *secret,
 		goto nomem;
 	key->pkey = pkey;
 	key->secret_len = secret_len;
+	key->fam = (enum fam)fam;
 	k->n++;
 	return 0;
 nomem:
@@ -333,12 +342,185 @@ out:
 	return rc;
 }
 
+/* What DER bytes are, as far as a key file goes. */
+enum der_kind {
+	DER_CERT,		/* an X.509 certificate: its key is taken */
+	DER_SPKI,		/* a SubjectPublicKeyInfo ("PUBLIC KEY") */
+	DER_PKCS1,		/* a PKCS#1 RSAPublicKey ("RSA PUBLIC KEY") */
+	DER_PRIVATE,		/* a private key: refused */
+	DER_OTHER,		/* one DER SEQUENCE, but none of these */
+	DER_NONE,		/* not DER */
+};
+
+static const char *const der_names[] = {
+	[DER_CERT] = "certificate",
+	[DER_SPKI] = "public key",
+	[DER_PKCS1] = "RSA public key (PKCS#1)",
+	[DER_PRIVATE] = "private key",
+	[DER_OTHER] = "structure that is neither a certificate nor a public key",
+};
+
+/* The public key of der[0..len) read whole as kind (one of the first
+ * three), or NULL. A certificate only lends its key: its dates and issuer
+ * are not checked. */
+static EVP_PKEY *der_parse(enum der_kind kind, const unsigned char *der,
+			   long len)
+{
+	const unsigned char *p = der;
+	EVP_PKEY *pkey = NULL;
+	X509 *x;
+
+	if (kind == DER_CERT) {
+		x = d2i_X509(NULL, &p, len);
+		pkey = x ? X509_get_pubkey(x) : NULL;
+		X509_free(x);
+	} else if (kind == DER_SPKI) {
+		pkey = d2i_PUBKEY(NULL, &p, len);
+	} else if (kind == DER_PKCS1) {
+		pkey = d2i_PublicKey(EVP_PKEY_RSA, NULL, &p, len);
+	}
+	if (pkey != NULL && p != der + len) {
+		EVP_PKEY_free(pkey);	/* bytes after it */
+		pkey = NULL;
+	}
+	return pkey;
+}
+
+/* What der[0..len) is; the key of a certificate or public key in *pkey
+ * (the caller owns it). */
+static enum der_kind der_key(const unsigned char *der, size_t len,
+			     EVP_PKEY **pkey)
+{
+	const unsigned char *p = der;
+	EVP_PKEY *priv;
+	long l;
+	int tag, cls;
+
+	*pkey = NULL;
+	if (len == 0 || len > (size_t)LONG_MAX ||
+	    ASN1_get_object(&p, &l, &tag, &cls, (long)len) != V_ASN1_CONSTRUCTED ||
+	    tag != V_ASN1_SEQUENCE || cls != V_ASN1_UNIVERSAL ||
+	    l != (long)(der + len - p))
+		return DER_NONE;	/* not one SEQUENCE, as each form is */
+	for (int kind = DER_CERT; kind <= DER_PKCS1; kind++)
+		if ((*pkey = der_parse((enum der_kind)kind, der, (long)len)) != NULL)
+			return (enum der_kind)kind;
+	p = der;
+	if ((priv = d2i_AutoPrivateKey(NULL, &p, (long)len)) == NULL)
+		return DER_OTHER;
+	EVP_PKEY_free(priv);
+	return DER_PRIVATE;
+}
+
+static bool is_blank(char c)
+{
+	return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+/*
+ * s[0..len) as base64 text: RFC 4648 §4's (a JWKS x5c entry's, which is not
+ * base64url) or base64url, blanks and line breaks anywhere, '=' only at the
+ * end. The bytes in a new buffer (free() it) and their number, or -1.
+ */
+static long b64_text(const char *s, size_t len, unsigned char **out)
+{
+	char *t = malloc(len + 1);
+	size_t n = 0, pad = 0;
+	long got = -1;
+
+	*out = NULL;
+	if (t == NULL)
+		return -1;
+	for (size_t i = 0; i < len; i++) {
+		if (is_blank(s[i]))
+			continue;
+		if (s[i] == '=') {
+			pad++;
+			continue;
+		}
+		if (pad > 0)
+			goto out;	/* '=' inside */
+		t[n++] = s[i] == '+' ? '-' : s[i] == '/' ? '_' : s[i];
+	}
+	if (n == 0 || pad > 2 || (pad > 0 && (n + pad) % 4 != 0) ||
+	    (*out = malloc(n * 3 / 4 + 1)) == NULL)
+		goto out;
+	if ((got = jwt_b64_decode(t, n, *out)) <= 0) {
+		free(*out);
+		*out = NULL;
+		got = -1;
+	}
+out:
+	free(t);
+	return got;
+}
+
+/* The file as DER, or else as the base64 of DER (*b64 set): what it is,
+ * and the key of a certificate or public key in *pkey. */
+static enum der_kind file_der(const char *s, size_t len, EVP_PKEY **pkey,
+			      bool *b64)
+{
+	enum der_kind kind = der_key((const unsigned char *)s, len, pkey);
+	unsigned char *bin;
+	long n;
+
+	*b64 = false;
+	if (kind != DER_NONE || (n = b64_text(s, len, &bin)) < 0)
+		return kind;
+	*b64 = true;
+	kind = der_key(bin, (size_t)n, pkey);
+	free(bin);
+	return kind;
+}
+
+/* How an error says that a secret is an operator's choice. */
+#define SECRET_HINT "(a file is an HMAC secret only as " HMAC_PREFIX "FILE)"
+
+/* A file that is neither JSON nor PEM: one DER certificate or public key,
+ * or its base64; anything else is refused, saying what it is. */
+static int load_der(struct jwt_keys *k, const char *s, size_t len, char *why,
+		    size_t wl)
+{
+	EVP_PKEY *pkey;
+	bool b64, text = true;
+	enum der_kind kind = file_der(s, len, &pkey, &b64);
+	const char *as = b64 ? "base64 of a " : "a ";
+	char sub[200];
+
+	switch (kind) {
+	case DER_CERT:
+	case DER_SPKI:
+	case DER_PKCS1:
+		if (keys_add(k, pkey, NULL, 0, NULL, ~0u, sub, sizeof(sub)) == 0)
+			return 0;
+		jwt_say(why, wl, "%sDER %s: %s", as, der_names[kind], sub);
+		return -1;
+	case DER_PRIVATE:
+		jwt_say(why, wl, "%sDER private key: give the public key "
+		    "(openssl pkey -pubout)", as);
+		return -1;
+	case DER_OTHER:
+		jwt_say(why, wl, "%sDER %s " SECRET_HINT, as, der_names[kind]);
+		return -1;
+	case DER_NONE:
+		break;
+	}
+	for (size_t i = 0; i < len; i++)
+		text &= (s[i] >= 0x20 && s[i] < 0x7f) || is_blank(s[i]);
+	if (b64)
+		jwt_say(why, wl, "base64 text whose bytes are not DER, so not a key "
+		    SECRET_HINT);
+	else
+		jwt_say(why, wl, "%s that is neither a JWKS, PEM, DER nor the base64 "
+		    "of DER " SECRET_HINT, text ? "text" : "binary data");
+	return -1;
+}
+
 /* The public key of one PEM block, or NULL with why. */
 static EVP_PKEY *pem_block(const char *name, const unsigned char *der,
 			   long len, int i, char *why, size_t wl)
 {
-	const unsigned char *p = der;
-	EVP_PKEY *pkey = NULL;
+	EVP_PKEY *pkey;
 
 	if (strstr(name, "PRIVATE KEY") != NULL) {
 		jwt_say(why, wl, "PEM block %d is a private key: give the public key "
@@ -346,24 +528,18 @@ static EVP_PKEY *pem_block(const char *name, const unsigned char *der,
 		return NULL;
 	}
 	if (strcmp(name, "PUBLIC KEY") == 0) {
-		pkey = d2i_PUBKEY(NULL, &p, len);
+		pkey = der_parse(DER_SPKI, der, len);
 	} else if (strcmp(name, "RSA PUBLIC KEY") == 0) {
-		pkey = d2i_PublicKey(EVP_PKEY_RSA, NULL, &p, len);
+		pkey = der_parse(DER_PKCS1, der, len);
 	} else if (strcmp(name, "CERTIFICATE") == 0) {
-		X509 *x = d2i_X509(NULL, &p, len);
-
-		pkey = x ? X509_get_pubkey(x) : NULL;
-		X509_free(x);
+		pkey = der_parse(DER_CERT, der, len);
 	} else {
 		jwt_say(why, wl, "PEM block %d is a \"%.40s\": PUBLIC KEY, RSA PUBLIC KEY "
 		    "or CERTIFICATE is required", i, name);
 		return NULL;
 	}
-	if (pkey == NULL || p != der + len) {
+	if (pkey == NULL)
 		jwt_say(why, wl, "PEM block %d (%s) does not parse", i, name);
-		EVP_PKEY_free(pkey);
-		return NULL;
-	}
 	return pkey;
 }
 
@@ -453,25 +629,65 @@ fail:
 	return -1;
 }
 
-struct jwt_keys *jwt_keys_load(const char *path, char *err, size_t errlen)
+/*
+ * hmac:FILE: the whole file, trailing newlines stripped, is the secret -
+ * unless it reads as a key file, which is never one.
+ */
+static int load_secret(struct jwt_keys *k, const char *s, size_t len,
+		       char *why, size_t wl)
+{
+	struct json_object *json = jwt_json_object(s, len);
+	char form[96] = "";
+	EVP_PKEY *pkey = NULL;
+	enum der_kind kind;
+	bool b64;
+
+	if (json != NULL)
+		snprintf(form, sizeof(form), "a JWK or JWKS");
+	else if (memmem(s, len, "-----BEGIN ", 11) != NULL)
+		snprintf(form, sizeof(form), "PEM");
+	else if ((kind = file_der(s, len, &pkey, &b64)) <= DER_PRIVATE)
+		snprintf(form, sizeof(form), "%sDER %s", b64 ? "base64 of a " : "a ",
+			 der_names[kind]);
+	json_object_put(json);
+	EVP_PKEY_free(pkey);
+	if (form[0] != '\0') {
+		jwt_say(why, wl, HMAC_PREFIX " names %s, not a shared secret: name "
+		    "a key file without " HMAC_PREFIX, form);
+		return -1;
+	}
+	while (len > 0 && (s[len - 1] == '\n' || s[len - 1] == '\r'))
+		len--;
+	return keys_add(k, NULL, s, len, NULL, ~0u, why, wl);
+}
+
+/* A file of public keys (or a JWKS's secrets), its form found from what it
+ * holds: a JSON object, PEM blocks, else DER or its base64. */
+static int load_keys(struct jwt_keys *k, const char *s, size_t len,
+		     char *why, size_t wl)
+{
+	if (s[strspn(s, " \t\r\n")] == '{')
+		return load_jwks(k, s, len, why, wl);
+	if (memmem(s, len, "-----BEGIN ", 11) != NULL)
+		return load_pem(k, s, len, why, wl);
+	return load_der(k, s, len, why, wl);
+}
+
+struct jwt_keys *jwt_keys_load(const char *spec, char *err, size_t errlen)
 {
 	struct jwt_keys *k = calloc(1, sizeof(*k));
+	bool hmac = strncmp(spec, HMAC_PREFIX, strlen(HMAC_PREFIX)) == 0;
+	const char *path = hmac ? spec + strlen(HMAC_PREFIX) : spec;
 	char why[256] = "out of memory", *data = NULL;
-	size_t len = 0, lead;
+	size_t len = 0;
 	int rc;
 
 	if (k == NULL || read_file(path, &data, &len, why, sizeof(why)) < 0)
 		goto fail;
-	lead = strspn(data, " \t\r\n");
-	if (data[lead] == '{') {
-		rc = load_jwks(k, data, len, why, sizeof(why));
-	} else if (memmem(data, len, "-----BEGIN ", 11) != NULL) {
-		rc = load_pem(k, data, len, why, sizeof(why));
-	} else {
-		while (len > 0 && (data[len - 1] == '\n' || data[len - 1] == '\r'))
-			len--;
-		rc = keys_add(k, NULL, data, len, NULL, ~0u, why, sizeof(why));
-	}
+	if (hmac)
+		rc = load_secret(k, data, len, why, sizeof(why));
+	else
+		rc = load_keys(k, data, len, why, sizeof(why));
 	if (rc < 0)
 		goto fail;
 	if (k->n == 0) {
@@ -520,4 +736,24 @@ unsigned jwt_keys_algs(const struct jwt_keys *k)
 	for (int i = 0; i < k->n; i++)
 		m |= k->v[i].algs;
 	return m;
+}
+
+void jwt_keys_describe(const struct jwt_keys *k, int i, char *buf, size_t len)
+{
+	static const char *const kinds[] = {
+		[FAM_RSA] = "RSA", [FAM_P256] = "EC P-256", [FAM_P384] = "EC P-384",
+		[FAM_P521] = "EC P-521", [FAM_ED25519] = "Ed25519", [FAM_OCT] = "HMAC",
+	};
+	const struct jwt_key *key = &k->v[i];
+	char size[32] = "", algs[64], shown[JWT_SHOWN_MAX + 4];
+
+	if (key->fam == FAM_RSA)
+		snprintf(size, sizeof(size), " %d", EVP_PKEY_get_bits(key->pkey));
+	else if (key->fam == FAM_OCT)
+		snprintf(size, sizeof(size), " %zu bytes", key->secret_len);
+	jwt_algs_join(key->algs, "/", true, algs, sizeof(algs));
+	jwt_say(buf, len, "%s%s %s%s%s%s", kinds[key->fam], size, algs,
+		key->kid ? " kid \"" : "",
+		key->kid ? jwt_shown(key->kid, strlen(key->kid), shown) : "",
+		key->kid ? "\"" : "");
 }

@@ -33,6 +33,7 @@ struct jwt_key {
 	unsigned char *secret;
 	size_t secret_len;
 	char *kid;		/* NULL: none given */
+	enum fam fam;		/* its kind, for --check-config */
 	unsigned algs;		/* what it may verify: its family's, narrowed
 				 * by its JWK alg and a secret's size */
 };
@@ -43,12 +44,26 @@ struct jwt_keys {
 	int skipped;
 };
 
+/* Bytes of a token (or a kid) quoted in a message. */
+#define JWT_SHOWN_MAX 60
+
+/* s[0..len) fit to quote in buf: at most JWT_SHOWN_MAX bytes, then "...",
+ * only printable ASCII other than quotes and backslashes ('?' for the
+ * rest). */
+const char *jwt_shown(const char *s, size_t len, char buf[JWT_SHOWN_MAX + 4]);
+
 /* why, printf-style; nothing when len is 0. */
 __attribute__((format(printf, 3, 4)))
 void jwt_say(char *why, size_t len, const char *fmt, ...);
 
 /* The alg named s[0..len), or -1. */
 int jwt_alg_find(const char *s, size_t len);
+
+/* mask as the algorithms' names joined by sep, cut short at a name;
+ * families: a family's three (RS, PS, ES or HS 256, 384 and 512) by its
+ * two letters ("RS/PS", "HS256/HS384"). */
+void jwt_algs_join(unsigned mask, const char *sep, bool families, char *buf,
+		   size_t len);
 
 /* The algs a key of family fam may verify; a secret only those whose
  * hash is no longer than it (RFC 7518 §3.2). */

@@ -394,11 +394,24 @@ static void print_jwt_algs(const struct route *r, FILE *out)
 	fprintf(out, "jwt_algorithms = %s\n", buf);
 }
 
+/* The file and what each of its keys is, so that an operator sees a
+ * certificate read as its RSA key, not as a secret:
+ * "jwt_keys = F (2 keys: RSA 2048 RS/PS, EC P-256 ES256 kid "a")". */
 static void print_jwt_keys(const struct route *r, FILE *out)
 {
-	fprintf(out, "jwt_keys = %s (%d key%s)\n", r->policy.jwt_keys_file,
-		jwt_keys_count(r->policy.jwt_keys),
-		jwt_keys_count(r->policy.jwt_keys) == 1 ? "" : "s");
+	const struct jwt_keys *k = r->policy.jwt_keys;
+	int n = jwt_keys_count(k), skipped = jwt_keys_skipped(k);
+	char buf[160];
+
+	fprintf(out, "jwt_keys = %s (%d key%s", r->policy.jwt_keys_file, n,
+		n == 1 ? "" : "s");
+	for (int i = 0; i < n; i++) {
+		jwt_keys_describe(k, i, buf, sizeof(buf));
+		fprintf(out, "%s%s", i == 0 ? ": " : ", ", buf);
+	}
+	if (skipped > 0)
+		fprintf(out, "; %d skipped", skipped);
+	fprintf(out, ")\n");
 }
 
 static void print_jwt_string(const char *name, const char *v, FILE *out)
@@ -648,8 +661,9 @@ static const struct route_key route_keys[] = {
 		  "tls:subject, tls:san; none" },
 	{ .name = "jwt_keys", .off = P(jwt_keys_file), .syn = SYNTAX_STRING,
 	  .print = print_jwt_keys, .flags = KEY_JWT,
-	  .help = "JWKS or PEM public keys, or an HMAC secret, that sign "
-		  "bearer tokens; re-read on SIGHUP" },
+	  .help = "JWKS, PEM or DER public keys or certificates, or "
+		  "hmac:FILE (a shared secret), that sign bearer tokens; "
+		  "re-read on SIGHUP" },
 	{ .name = "jwt_algorithms", .set = set_jwt_algs, .print = print_jwt_algs,
 	  .flags = KEY_JWT,
 	  .help = "the signature algorithms accepted (never none); default: "

@@ -11,6 +11,11 @@ DESIGN.md §4): who is asking decides whose key it is.
   forwarded. A request without a key still passes (the upstream does its
   own authentication).
 - The key file is re-read on SIGHUP; a bad file keeps the running keys.
+- A key file is read as what it holds (issue 44): an identity provider's
+  certificate as DER (.cer) or the bare base64 of an x5c entry is its RSA
+  key, so an HS256 token MAC'ed with those public bytes is 401; a file of no
+  known form is refused at start, naming the file; a shared secret is one
+  only as jwt_keys = hmac:FILE. --check-config shows each key's kind.
 - scope = tls:subject / tls:san with --tls-client-ca: the verified client
   certificate is the caller; no certificate is 401; a certificate of
   another CA fails the handshake; the upstream is told the certificate's
@@ -32,7 +37,7 @@ import uuid
 import pytest
 
 from support.http import assert_problem, upstream_echo
-from support.procs import IDEMPROXY_BIN, clean_env
+from support.procs import IDEMPROXY_BIN, clean_env, free_port
 from support.tls import Pki, TlsConn
 from test_routes import (JSON, echo_n, executions, replayed, routed, send,
                          wait_log, write_config)
@@ -87,6 +92,14 @@ class Keys:
         # the public keys of both kinds in one file
         (d / "both.pub").write_bytes((d / "rsa.pub").read_bytes() +
                                      (d / "ec.pub").read_bytes())
+        # the RSA key's certificate as an identity provider publishes it:
+        # DER (a .cer), and the bare base64 of a JWKS x5c entry
+        ossl("req", "-x509", "-new", "-key", str(d / "rsa.key"), "-subj",
+             "/CN=login.example.test", "-days", "2", "-outform", "DER",
+             "-out", str(d / "rsa.cer"))
+        self.cer = (d / "rsa.cer").read_bytes()
+        self.x5c = base64.b64encode(self.cer)
+        (d / "rsa.x5c").write_bytes(self.x5c + b"\n")
 
     def path(self, name):
         return str(self.dir / name)
@@ -124,7 +137,10 @@ def claims(sub, **kw):
     return c
 
 
-def jwt_ini(keys, keyfile="rsa.pub", extra=""):
+def jwt_ini(keys, keyfile="rsa.pub", extra="", algs="RS256, ES256, HS256",
+            prefix=""):
+    """A route scoped by jwt:sub; algs None: what the keys can verify."""
+    algs = "" if algs is None else f"jwt_algorithms = {algs}"
     return f"""
 [idemproxy]
 upstream_timeout = 5s
@@ -133,8 +149,8 @@ lease = 10s
 [route orders]
 match          = POST /orders*
 scope          = jwt:sub
-jwt_keys       = {keys.path(keyfile)}
-jwt_algorithms = RS256, ES256, HS256
+jwt_keys       = {prefix}{keys.path(keyfile)}
+{algs}
 jwt_issuer     = https://login.example.test/
 jwt_audience   = orders-api
 {extra}
@@ -255,6 +271,73 @@ def test_key_file_reloaded_on_sighup(tmp_path, keys, stub, routed):
     assert post(ec).status == 200
 
 
+def post_token(p, token):
+    return send(p.port, "POST", "/orders", b'{"item":"book"}', JSON,
+                [bearer(token), ("Idempotency-Key", f"d-{uuid.uuid4()}")])
+
+
+@pytest.mark.parametrize("keyfile", ["rsa.cer", "rsa.x5c"])
+def test_der_and_x5c_are_the_public_key(keys, stub, routed, keyfile):
+    """jwt_algorithms left to what the keys verify: a certificate is its RSA
+    key (RS*, PS*), never an HMAC secret anyone holding it could MAC with."""
+    p = routed(jwt_ini(keys, keyfile, algs=None))
+    base = executions(stub)
+    for what, secret in (("the DER bytes", keys.cer),
+                         ("the x5c text", keys.x5c),
+                         ("the file as written", keys.x5c + b"\n")):
+        forged = keys.token(claims("mallory"), alg="HS256", secret=secret)
+        r = post_token(p, forged)
+        assert r.status == 401, (what, r)
+        doc = assert_problem(r, 401, "invalid-token")
+        assert "not accepted" in doc["detail"], (what, doc)
+    assert executions(stub) == base
+    assert post_token(p, keys.token(claims("alice"))).status == 200
+    assert executions(stub) == base + 1
+
+
+def start_fails(tmp_path, stub, text):
+    """Start the proxy itself (not --check-config) with text: exit 2 and its
+    stderr."""
+    path = write_config(tmp_path, text, "start.ini")
+    r = subprocess.run([IDEMPROXY_BIN, "--config", path, "--upstream",
+                        stub.url, "--listen", f"127.0.0.1:{free_port()}",
+                        "--admin-listen", f"127.0.0.1:{free_port()}"],
+                       capture_output=True, timeout=20, env=clean_env({}))
+    assert r.returncode == 2, r
+    return r.stderr.decode()
+
+
+def test_key_file_of_no_known_form_refused_at_start(tmp_path, keys, stub):
+    blob = tmp_path / "idp.key"
+    blob.write_bytes(b"these are words, not a key: the IdP sent something "
+                     b"else\n")
+    err = start_fails(tmp_path, stub, jwt_ini(keys, algs=None).replace(
+        keys.path("rsa.pub"), str(blob)))
+    assert f"jwt_keys: {blob}: text that is neither a JWKS, PEM, DER" in err, \
+        err
+    assert "hmac:FILE" in err, err
+    # binary that is not DER
+    blob.write_bytes(bytes(range(1, 200)))
+    err = start_fails(tmp_path, stub, jwt_ini(keys, algs=None).replace(
+        keys.path("rsa.pub"), str(blob)))
+    assert f"{blob}: binary data that is neither" in err, err
+    # a secret file is a secret only when the config says so
+    err = start_fails(tmp_path, stub, jwt_ini(keys, "hs.secret", algs=None))
+    assert f"{keys.path('hs.secret')}: " in err and "hmac:FILE" in err, err
+    # and hmac: never makes a key file a secret
+    err = start_fails(tmp_path, stub, jwt_ini(keys, "rsa.cer", algs=None,
+                                              prefix="hmac:"))
+    assert f"{keys.path('rsa.cer')}: hmac: names a DER certificate" in err, err
+
+
+def test_hmac_secret_named_as_such(keys, stub, routed):
+    p = routed(jwt_ini(keys, "hs.secret", algs=None, prefix="hmac:"))
+    hs = keys.token(claims("alice"), alg="HS256")
+    assert post_token(p, hs).status == 200
+    assert_problem(post_token(p, keys.token(claims("alice"))), 401,
+                   "invalid-token")
+
+
 @pytest.mark.parametrize("route,what", [
     ("scope = jwt:sub\n", "needs jwt_keys"),
     ("scope = jwt:sub\njwt_keys = /nonexistent/jwks.json\n", "jwt_keys"),
@@ -283,11 +366,27 @@ def test_check_config_shows_jwt(tmp_path, keys, stub):
     out = r.stdout.decode()
     assert r.returncode == 0, r.stderr.decode()
     for want in ("scope = jwt:sub\n",
-                 f"jwt_keys = {keys.path('both.pub')} (2 keys)\n",
+                 f"jwt_keys = {keys.path('both.pub')} (2 keys: RSA 2048 "
+                 "RS/PS, EC P-256 ES256)\n",
                  "jwt_algorithms = RS256,ES256\n",
                  "jwt_issuer = https://login.example.test/\n",
                  "jwt_audience = orders-api\n", "jwt_leeway = 1m\n"):
         assert want in out, (want, out)
+    # a DER certificate is shown as its key, a secret as one
+    for ini, want in (
+            (jwt_ini(keys, "rsa.cer", algs=None),
+             f"jwt_keys = {keys.path('rsa.cer')} (1 key: RSA 2048 RS/PS)\n"
+             "jwt_algorithms = RS256,RS384,RS512,PS256,PS384,PS512\n"),
+            (jwt_ini(keys, "hs.secret", algs=None, prefix="hmac:"),
+             f"jwt_keys = hmac:{keys.path('hs.secret')} (1 key: HMAC 48 "
+             "bytes HS256/HS384)\njwt_algorithms = HS256,HS384\n")):
+        path = write_config(tmp_path, "[idemproxy]\nupstream = "
+                            "http://127.0.0.1:9\n" +
+                            ini.replace("[idemproxy]", ""), "shown.ini")
+        r = subprocess.run([IDEMPROXY_BIN, "--check-config", path],
+                           capture_output=True, timeout=20, env=clean_env({}))
+        assert r.returncode == 0, r.stderr.decode()
+        assert want in r.stdout.decode(), (want, r.stdout.decode())
 
 
 # ---------------------------------------------------------------- mTLS

@@ -100,6 +100,24 @@ static void put(const char *name, const char *s)
 	write_file(name, s, strlen(s));
 }
 
+/* A self-signed certificate of pkey (X509_free() it). */
+static X509 *self_signed(EVP_PKEY *pkey)
+{
+	X509 *x = X509_new();
+
+	if (!(x && X509_set_version(x, 2) &&
+	      ASN1_INTEGER_set(X509_get_serialNumber(x), 1) &&
+	      X509_gmtime_adj(X509_getm_notBefore(x), 0) &&
+	      X509_gmtime_adj(X509_getm_notAfter(x), 3600) &&
+	      X509_NAME_add_entry_by_txt(X509_get_subject_name(x), "CN",
+					 MBSTRING_ASC, (const unsigned char *)"jwt",
+					 -1, -1, 0) &&
+	      X509_set_issuer_name(x, X509_get_subject_name(x)) &&
+	      X509_set_pubkey(x, pkey) && X509_sign(x, pkey, EVP_sha256())))
+		abort();
+	return x;
+}
+
 /* The PEM of pkey: its public key, its private key, or a self-signed
  * certificate of it. */
 enum pem_kind { PEM_PUBLIC, PEM_PRIVATE, PEM_CERT, PEM_PKCS1 };
@@ -127,17 +145,8 @@ static char *pem(EVP_PKEY *pkey, enum pem_kind kind)
 		OSSL_ENCODER_CTX_free(enc);
 		break;
 	case PEM_CERT:
-		x = X509_new();
-		ok = x && X509_set_version(x, 2) &&
-		     ASN1_INTEGER_set(X509_get_serialNumber(x), 1) &&
-		     X509_gmtime_adj(X509_getm_notBefore(x), 0) &&
-		     X509_gmtime_adj(X509_getm_notAfter(x), 3600) &&
-		     X509_NAME_add_entry_by_txt(X509_get_subject_name(x), "CN",
-						MBSTRING_ASC, (const unsigned char *)"jwt",
-						-1, -1, 0) &&
-		     X509_set_issuer_name(x, X509_get_subject_name(x)) &&
-		     X509_set_pubkey(x, pkey) && X509_sign(x, pkey, EVP_sha256()) &&
-		     PEM_write_bio_X509(b, x);
+		x = self_signed(pkey);
+		ok = PEM_write_bio_X509(b, x);
 		X509_free(x);
 		break;
 	}
@@ -146,6 +155,57 @@ static char *pem(EVP_PKEY *pkey, enum pem_kind kind)
 		abort();
 	out = keep(strndup(data, (size_t)n));
 	BIO_free(b);
+	return out;
+}
+
+/* The DER of pkey as a .cer holds it (a self-signed certificate), as a
+ * SubjectPublicKeyInfo, a PKCS#1 RSAPublicKey, or its private key. */
+enum der_kind { DER_CERT, DER_SPKI, DER_PKCS1, DER_PRIVATE };
+
+static unsigned char *der(EVP_PKEY *pkey, enum der_kind kind, size_t *len)
+{
+	unsigned char *buf = NULL, *out;
+	X509 *x = NULL;
+	int n = -1;
+
+	switch (kind) {
+	case DER_CERT:
+		x = self_signed(pkey);
+		n = i2d_X509(x, &buf);
+		X509_free(x);
+		break;
+	case DER_SPKI:
+		n = i2d_PUBKEY(pkey, &buf);
+		break;
+	case DER_PKCS1:
+		n = i2d_PublicKey(pkey, &buf);
+		break;
+	case DER_PRIVATE:
+		n = i2d_PrivateKey(pkey, &buf);
+		break;
+	}
+	if (n <= 0 || (out = malloc((size_t)n)) == NULL)
+		abort();
+	memcpy(out, buf, (size_t)n);
+	OPENSSL_free(buf);
+	*len = (size_t)n;
+	return (unsigned char *)keep((char *)out);
+}
+
+/* data as RFC 4648 base64 (a JWKS x5c entry's), a line break after every
+ * wrap characters (0: one line, no break). */
+static char *b64std(const void *data, size_t len, size_t wrap)
+{
+	char *flat = keep(malloc(4 * ((len + 2) / 3) + 1));
+	char *out = keep(malloc(8 * ((len + 2) / 3) + 2)), *o = out;
+	int n = EVP_EncodeBlock((unsigned char *)flat, data, (int)len);
+
+	for (int i = 0; i < n; i++) {
+		*o++ = flat[i];
+		if (wrap && (size_t)(i + 1) % wrap == 0)
+			*o++ = '\n';
+	}
+	*o = '\0';
 	return out;
 }
 
@@ -284,24 +344,36 @@ static enum jwt_error verify(const struct jwt_check *c, const char *tok)
 		       jwt_error_name(w2_)); \
 } while (0)
 
+/* What jwt_keys names for the file name of the test directory, which may
+ * be "hmac:name" (a shared secret). */
+static const char *spec(const char *name)
+{
+	if (strncmp(name, "hmac:", 5) == 0)
+		return fmt("hmac:%s", path(name + 5));
+	return path(name);
+}
+
 static struct jwt_keys *load(const char *name)
 {
 	char err[512];
-	struct jwt_keys *k = jwt_keys_load(path(name), err, sizeof(err));
+	struct jwt_keys *k = jwt_keys_load(spec(name), err, sizeof(err));
 
 	if (k == NULL)
 		printf("# %s\n", err);
 	return k;
 }
 
-/* Does loading name fail with an error that says what? */
+/* Does loading name fail with an error that names the file (without
+ * "hmac:") and says what? */
 static void load_fails(const char *name, const char *what, const char *test)
 {
+	const char *file = path(strncmp(name, "hmac:", 5) == 0 ? name + 5 : name);
 	char err[512] = "";
-	struct jwt_keys *k = jwt_keys_load(path(name), err, sizeof(err));
+	struct jwt_keys *k = jwt_keys_load(spec(name), err, sizeof(err));
 
 	if (!ok(k == NULL && strstr(err, what) != NULL &&
-		strncmp(err, path(name), strlen(path(name))) == 0, "%s", test))
+		strncmp(err, file, strlen(file)) == 0 && err[strlen(file)] == ':',
+		"%s", test))
 		printf("#   error \"%s\", want it to say \"%s\"\n", err, what);
 	jwt_keys_free(k);
 }
@@ -346,6 +418,7 @@ static void write_keys(void)
 			   pem(ed, PEM_PUBLIC)));
 	write_file("secret", fmt("%s\r\n\n", secret), strlen(secret) + 3);
 	write_file("secret32", secret, 32);
+	write_file("secret48", secret, 48);
 	write_file("secret31", fmt("%.31s\n", secret), 32);
 	put("private.pem", pem(ec256, PEM_PRIVATE));
 	keys = fmt("{\"keys\":[%s,%s,%s,%s,%s,%s,"
@@ -393,15 +466,15 @@ static void test_load(void)
 	   jwt_keys_algs(k) == (rsa_algs | 1u << JWT_ES256 | 1u << JWT_ES512 | 1u << JWT_EDDSA),
 	   "PEM: four blocks, text around them");
 	jwt_keys_free(k);
-	k = load("secret");
+	k = load("hmac:secret");
 	ok(k != NULL && jwt_keys_algs(k) == hs_algs, "secret of 64 bytes: HS256/384/512");
 	jwt_keys_free(k);
-	k = load("secret32");
+	k = load("hmac:secret32");
 	ok(k != NULL && jwt_keys_algs(k) == 1u << JWT_HS256, "secret of 32 bytes: HS256 only");
 	jwt_keys_free(k);
 
 	load_fails("private.pem", "private key", "a PEM private key is refused");
-	load_fails("secret31", "at least 32", "a secret of 31 bytes is refused");
+	load_fails("hmac:secret31", "at least 32", "a secret of 31 bytes is refused");
 	load_fails("missing", "No such file", "a missing file");
 	write_file("empty", "", 0);
 	load_fails("empty", "empty", "an empty file");
@@ -465,10 +538,172 @@ static void test_load(void)
 	}
 }
 
+#define RSA_ALGS (1u << JWT_RS256 | 1u << JWT_RS384 | 1u << JWT_RS512 | \
+		  1u << JWT_PS256 | 1u << JWT_PS384 | 1u << JWT_PS512)
+
+/* Does name load as one key that verifies exactly algs? */
+static struct jwt_keys *load_one(const char *name, unsigned algs, const char *test)
+{
+	struct jwt_keys *k = load(name);
+
+	ok(k != NULL && jwt_keys_count(k) == 1 && jwt_keys_algs(k) == algs, "%s", test);
+	return k;
+}
+
+/*
+ * Issue 44: a certificate as an identity provider publishes it (DER, a
+ * .cer) or the bare base64 of a JWKS x5c entry was neither JSON nor PEM,
+ * so it became an HMAC secret, and an HS256 token MAC'ed with those public
+ * bytes verified. They are read as what they are; a secret needs
+ * "hmac:FILE", and what is no known form is refused, saying what it is.
+ */
+static void test_der(void)
+{
+	size_t n, pn, kn;
+	unsigned char *cer = der(rsa, DER_CERT, &n), *spki, *priv;
+	char *x5c = b64std(cer, n, 0), *t;
+	struct jwt_keys *k;
+	struct jwt_check c;
+
+	write_file("rsa.cer", cer, n);
+	k = load_one("rsa.cer", RSA_ALGS, "DER certificate: its RSA key, RS* and PS*");
+	c = check(k);
+	is_rc(verify(&c, mk("RS256", rsa, hdr("RS256"), PAY)), JWT_OK,
+	      "... which verifies RS256");
+	t = mk_("HS256", NULL, cer, n, hdr("HS256"), PAY, false);
+	is_rc(verify(&c, t), JWT_NO_KEY, "HS256 MAC'ed with the certificate's bytes: no key");
+	jwt_keys_free(k);
+
+	put("rsa.x5c", fmt("%s\n", x5c));
+	k = load_one("rsa.x5c", RSA_ALGS, "bare base64 of the certificate (an x5c entry)");
+	c = check(k);
+	is_rc(verify(&c, mk("PS256", rsa, hdr("PS256"), PAY)), JWT_OK, "... verifies PS256");
+	t = mk_("HS256", NULL, x5c, strlen(x5c), hdr("HS256"), PAY, false);
+	is_rc(verify(&c, t), JWT_NO_KEY, "HS256 MAC'ed with the x5c text: no key");
+	t = mk_("HS256", NULL, cer, n, hdr("HS256"), PAY, false);
+	is_rc(verify(&c, t), JWT_NO_KEY, "... nor with its bytes");
+	jwt_keys_free(k);
+	put("rsa.b64", b64std(cer, n, 64));
+	jwt_keys_free(load_one("rsa.b64", RSA_ALGS, "base64 in lines of 64, no PEM armour"));
+
+	spki = der(ec256, DER_SPKI, &pn);
+	write_file("ec256.der", spki, pn);
+	k = load_one("ec256.der", 1u << JWT_ES256, "DER SubjectPublicKeyInfo (EC P-256): ES256");
+	c = check(k);
+	is_rc(verify(&c, mk("ES256", ec256, hdr("ES256"), PAY)), JWT_OK, "... verifies ES256");
+	jwt_keys_free(k);
+	put("ec256.b64", b64std(spki, pn, 76));
+	jwt_keys_free(load_one("ec256.b64", 1u << JWT_ES256, "... and as base64"));
+	spki = der(ed, DER_SPKI, &pn);
+	write_file("ed.der", spki, pn);
+	jwt_keys_free(load_one("ed.der", 1u << JWT_EDDSA, "DER Ed25519 public key: EdDSA"));
+	spki = der(rsa, DER_PKCS1, &pn);
+	write_file("rsa1.der", spki, pn);
+	jwt_keys_free(load_one("rsa1.der", RSA_ALGS, "DER PKCS#1 RSAPublicKey"));
+
+	priv = der(ec256, DER_PRIVATE, &kn);
+	write_file("ec256.key.der", priv, kn);
+	load_fails("ec256.key.der", "a DER private key: give the public key",
+		   "a DER private key is refused");
+	put("ec256.key.b64", b64std(priv, kn, 64));
+	load_fails("ec256.key.b64", "base64 of a DER private key", "... and as base64");
+	{
+		EVP_PKEY *small = EVP_PKEY_Q_keygen(NULL, NULL, "RSA", (size_t)1024);
+		unsigned char *d = der(small, DER_CERT, &pn);
+
+		write_file("rsa1024.cer", d, pn);
+		load_fails("rsa1024.cer", "a DER certificate: an RSA key of 1024 bits",
+			   "a DER certificate of an RSA key of 1024 bits");
+		EVP_PKEY_free(small);
+	}
+	{
+		unsigned char *more = (unsigned char *)keep(malloc(n + 1));
+
+		memcpy(more, cer, n);
+		more[n] = 0;
+		write_file("trailing.cer", more, n + 1);
+		load_fails("trailing.cer", "binary data that is neither a JWKS, PEM, DER",
+			   "a DER certificate with a byte after it");
+	}
+	write_file("seq.der", "\x30\x03\x02\x01\x05", 5);
+	load_fails("seq.der", "a DER structure that is neither a certificate nor a public key",
+		   "DER of something else");
+	put("words", "this is not a key: it is a sentence of some length\n");
+	load_fails("words", "text that is neither a JWKS, PEM, DER nor the base64 of DER "
+		   "(a file is an HMAC secret only as hmac:FILE)", "text of no known form");
+	{
+		unsigned char bin[48];
+
+		for (size_t i = 0; i < sizeof(bin); i++)
+			bin[i] = (unsigned char)(i * 37 + 1);
+		write_file("blob", bin, sizeof(bin));
+		load_fails("blob", "binary data that is neither", "binary data of no known form");
+		put("blob.b64", b64std(bin, sizeof(bin), 0));
+		load_fails("blob.b64", "base64 text whose bytes are not DER",
+			   "base64 of what is not DER");
+	}
+	load_fails("secret", "hmac:FILE", "a secret file without hmac: is no secret");
+	load_fails("secret32", "hmac:FILE", "... nor one without a newline");
+
+	load_fails("hmac:rsa.cer", "hmac: names a DER certificate, not a shared secret",
+		   "hmac: with a DER certificate is refused");
+	load_fails("hmac:rsa.x5c", "hmac: names base64 of a DER certificate",
+		   "... with an x5c entry");
+	load_fails("hmac:ec256.der", "hmac: names a DER public key", "... with a DER public key");
+	load_fails("hmac:rsa.pem", "hmac: names PEM", "... with a PEM public key");
+	load_fails("hmac:keys.jwks", "hmac: names a JWK or JWKS", "... with a JWKS");
+	load_fails("hmac:ec256.key.der", "hmac: names a DER private key",
+		   "... with a DER private key");
+	load_fails("hmac:missing", "No such file", "hmac: with a missing file");
+	jwt_keys_free(load_one("hmac:blob", 1u << JWT_HS256 | 1u << JWT_HS384,
+			       "hmac: with 48 bytes of binary data: HS256 and HS384"));
+}
+
+/* What --check-config prints of each key. */
+static void test_describe(void)
+{
+	static const char *const want[] = {
+		"RSA 2048 RS/PS kid \"rsa\"", "EC P-256 ES256 kid \"a\"",
+		"EC P-256 ES256 kid \"b\"", "EC P-384 ES384 kid \"p384\"",
+		"EC P-521 ES512 kid \"p521\"", "Ed25519 EdDSA kid \"ed\"",
+		"HMAC 64 bytes HS kid \"hmac\"",
+	};
+	struct jwt_keys *k = load("keys.jwks");
+	char buf[160];
+
+	for (int i = 0; k != NULL && i < jwt_keys_count(k) && i < 7; i++) {
+		jwt_keys_describe(k, i, buf, sizeof(buf));
+		is_str(buf, want[i], "describe: JWKS key %d", i);
+	}
+	jwt_keys_free(k);
+	k = load("hmac:secret32");
+	jwt_keys_describe(k, 0, buf, sizeof(buf));
+	is_str(buf, "HMAC 32 bytes HS256", "describe: a secret of 32 bytes");
+	jwt_keys_free(k);
+	k = load("hmac:secret48");
+	jwt_keys_describe(k, 0, buf, sizeof(buf));
+	is_str(buf, "HMAC 48 bytes HS256/HS384", "describe: a secret of 48 bytes");
+	jwt_keys_free(k);
+	k = load("rsa.cer");
+	jwt_keys_describe(k, 0, buf, sizeof(buf));
+	is_str(buf, "RSA 2048 RS/PS", "describe: a DER certificate");
+	jwt_keys_free(k);
+	put("narrow.jwks", fmt("{\"keys\":[%s,%s]}", jwk(rsa, ",\"alg\":\"PS384\""),
+			       jwk(ec384, ",\"kid\":\"a \\\"quoted\\\" kid\"")));
+	k = load("narrow.jwks");
+	jwt_keys_describe(k, 0, buf, sizeof(buf));
+	is_str(buf, "RSA 2048 PS384", "describe: an RSA JWK of alg PS384");
+	jwt_keys_describe(k, 1, buf, sizeof(buf));
+	is_str(buf, "EC P-384 ES384 kid \"a ?quoted? kid\"", "describe: quotes in a kid");
+	jwt_keys_describe(k, 1, buf, 12);
+	is_str(buf, "EC P-384 ES", "describe: cut to the buffer");
+	jwt_keys_free(k);
+}
+
 static void test_each_alg(void)
 {
 	struct jwt_keys *jwks = load("keys.jwks"), *pemk = load("all.pem");
-	struct jwt_keys *sec = load("secret"), *crt = load("ec384.crt");
+	struct jwt_keys *sec = load("hmac:secret"), *crt = load("ec384.crt");
 	struct jwt_check c = check(jwks), p = check(pemk), s = check(sec), x = check(crt);
 	static const char *const rsa_algs[] = { "RS256", "RS384", "RS512",
 						"PS256", "PS384", "PS512" };
@@ -509,7 +744,7 @@ static void test_each_alg(void)
 
 static void test_claims(void)
 {
-	struct jwt_keys *k = load("secret");
+	struct jwt_keys *k = load("hmac:secret");
 	struct jwt_check c = check(k);
 	const char *h = hdr("HS256");
 	char long_sub[JWT_CLAIM_MAX + 2];
@@ -613,6 +848,17 @@ static void test_claims(void)
 
 static void test_kid(void)
 {
+	static const struct {
+		bool b;			/* signed by the key without kid */
+		const char *kid;
+		enum jwt_error want;
+		const char *test;
+	} mixed[] = {
+		{ false, "a", JWT_OK, "kid a, key a" },
+		{ true, "a", JWT_OK, "kid a, signed by the key without kid: tried" },
+		{ true, "zzz", JWT_OK, "an unknown kid, the key without kid" },
+		{ false, "zzz", JWT_BAD_SIGNATURE, "an unknown kid never reaches key a" },
+	};
 	struct jwt_keys *k = load("keys.jwks"), *p = load("ec256.pem");
 	struct jwt_check c = check(k), cp = check(p);
 	const char *pay = PAY;
@@ -637,11 +883,25 @@ static void test_kid(void)
 	      "no kid, PEM keys");
 	jwt_keys_free(k);
 	jwt_keys_free(p);
+
+	/* a JWKS of a key with kid a and one without: a kid rules out only
+	 * the keys of another kid (docs/configuration.md) */
+	put("mixed.jwks", fmt("{\"keys\":[%s,%s]}", jwk(ec256, ",\"kid\":\"a\""),
+			      jwk(ec256b, "")));
+	k = load("mixed.jwks");
+	c = check(k);
+	for (size_t i = 0; i < sizeof(mixed) / sizeof(mixed[0]); i++) {
+		const char *h = fmt("{\"alg\":\"ES256\",\"kid\":\"%s\"}", mixed[i].kid);
+
+		is_rc(verify(&c, mk("ES256", mixed[i].b ? ec256b : ec256, h, pay)),
+		      mixed[i].want, "mixed: %s", mixed[i].test);
+	}
+	jwt_keys_free(k);
 }
 
 static void test_refused(void)
 {
-	struct jwt_keys *k = load("keys.jwks"), *rp = load("rsa.pem"), *s32 = load("secret32");
+	struct jwt_keys *k = load("keys.jwks"), *rp = load("rsa.pem"), *s32 = load("hmac:secret32");
 	struct jwt_check c = check(k), r = check(rp), c32 = check(s32);
 	static const char b64[] =
 		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
@@ -776,6 +1036,8 @@ int main(void)
 	write_keys();
 	test_algs();
 	test_load();
+	test_der();
+	test_describe();
 	test_each_alg();
 	test_claims();
 	test_kid();
@@ -786,7 +1048,10 @@ int main(void)
 		"ec256.pem", "ec384.crt", "ed.pem", "all.pem", "secret", "secret32",
 		"secret31", "private.pem", "keys.jwks", "empty", "bad.json", "dup.json",
 		"none.json", "notarray.json", "badec.json", "shortk.json", "badpem",
-		"rsa1024.pem", "rsa1024.jwk", "offcurve.jwk", "even.jwk", "private.jwk", "many.jwks", NULL }; *f; f++)
+		"rsa1024.pem", "rsa1024.jwk", "offcurve.jwk", "even.jwk", "private.jwk", "many.jwks",
+		"secret48", "rsa.cer", "rsa.x5c", "rsa.b64", "ec256.der", "ec256.b64", "ed.der",
+		"rsa1.der", "ec256.key.der", "ec256.key.b64", "rsa1024.cer", "trailing.cer",
+		"seq.der", "words", "blob", "blob.b64", "narrow.jwks", "mixed.jwks", NULL }; *f; f++)
 		unlink(path(*f));
 	rmdir(dir);
 	EVP_PKEY_free(rsa);
