@@ -254,11 +254,25 @@ static void arm_timer(struct idem *ix, uint64_t ms)
 	evtimer_add(ix->timer, &tv);
 }
 
-static void arm_deadline(struct idem *ix, uint64_t ms)
+static void deadline_cb(evutil_socket_t fd, short what, void *arg);
+
+/* The deadline's timer is made only for an exchange whose head is late:
+ * the happy path allocates nothing for it. Returns -1 out of memory. */
+static int arm_deadline(struct idem *ix, uint64_t ms)
 {
 	struct timeval tv = clock_tv(ms);
 
-	evtimer_add(ix->deadline, &tv);
+	if (ix->deadline == NULL)
+		ix->deadline = evtimer_new(ix->env->base, deadline_cb, ix);
+	if (ix->deadline == NULL)
+		return -1;
+	return evtimer_add(ix->deadline, &tv);
+}
+
+static void disarm_deadline(struct idem *ix)
+{
+	if (ix->deadline != NULL)
+		evtimer_del(ix->deadline);
 }
 
 /* The outcome is recorded (or given up): the client may go on. */
@@ -300,7 +314,7 @@ static void idem_done(struct idem *ix)
 	if (ix->up != NULL)
 		upstream_abort(ix->up);
 	ix->up = NULL;
-	evtimer_del(ix->deadline);
+	disarm_deadline(ix);
 	probe_cancel(ix->probe);
 	ix->probe = NULL;
 	if (if_has(ix, IF(OWNS)))
@@ -320,7 +334,8 @@ static void idem_destroy(struct idem *ix)
 {
 	config_unref(ix->req.cfg);
 	event_free(ix->timer);
-	event_free(ix->deadline);
+	if (ix->deadline != NULL)
+		event_free(ix->deadline);
 	evbuffer_free(ix->req.request);
 	evbuffer_free(ix->cap_head);
 	evbuffer_free(ix->cap_body);
@@ -420,7 +435,7 @@ static void up_head(void *arg, const struct upstream_resp *r)
 	if (r->status >= 200) {
 		if_set(ix, IF(RESP_HEAD));
 		capture_head(ix, r);
-		evtimer_del(ix->deadline);	/* body gaps are timed again */
+		disarm_deadline(ix);	/* body gaps are timed again */
 	}
 	if (ix->client != NULL)
 		ix->sink->head(ix->client, r);
@@ -465,7 +480,7 @@ static void up_done(void *arg)
 	upstream_release(ix->up);
 	ix->up = NULL;
 	evtimer_del(ix->timer);
-	evtimer_del(ix->deadline);
+	disarm_deadline(ix);
 	if (if_has(ix, IF(LATE))) {
 		metrics_count(COUNTER_late_responses_total);
 		log_info("key %s: the late response came after %.1f s (status "
@@ -568,7 +583,7 @@ static void up_error(void *arg, enum upstream_error err, unsigned how)
 	if (ix->cause != UNKNOWN_CAUSE_DEADLINE)
 		ix->cause = failure_cause(err);
 	evtimer_del(ix->timer);
-	evtimer_del(ix->deadline);
+	disarm_deadline(ix);
 	log_warn("key %s: upstream %s%s", ix->req.claim.key.key,
 		 upstream_error_name(err), (how & UPSTREAM_SENT) ?
 		 " after the request was sent" : " before anything was sent");
@@ -593,8 +608,9 @@ static bool up_slow(void *arg)
 
 	if (!if_has(ix, IF(OWNS)) || if_has(ix, IF(LATE)) || spent >= limit)
 		return false;
+	if (arm_deadline(ix, limit - spent) < 0)
+		return false;	/* out of memory: a timeout, as before */
 	if_set(ix, IF(LATE));
-	arm_deadline(ix, limit - spent);
 	log_info("key %s: no response head within %.1f s; the client gets 504 "
 		 "and the exchange goes on for up to %.0f s more",
 		 ix->req.claim.key.key, (double)spent / 1e3,
@@ -1427,14 +1443,12 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 	ix->sink = sink;
 	ix->client = client;
 	ix->timer = evtimer_new(env->base, timer_cb, ix);
-	ix->deadline = evtimer_new(env->base, deadline_cb, ix);
 	ix->cap_head = evbuffer_new();
 	ix->cap_body = evbuffer_new();
 	ix->cause = UNKNOWN_CAUSE_RESET;
 	/* only an at-least-once route takes over a claim whose lease ran out */
 	ix->req.claim.takeover = req->policy->unknown_outcome == UNKNOWN_RELEASE;
-	if (ix->timer == NULL || ix->deadline == NULL || ix->cap_head == NULL ||
-	    ix->cap_body == NULL)
+	if (ix->timer == NULL || ix->cap_head == NULL || ix->cap_body == NULL)
 		goto fail;
 	if (req->unprotected) {
 		/* forwarded on the next loop turn, never inside this call */
@@ -1455,8 +1469,6 @@ fail:
 			config_unref(ix->req.cfg);
 		if (ix->timer != NULL)
 			event_free(ix->timer);
-		if (ix->deadline != NULL)
-			event_free(ix->deadline);
 		if (ix->cap_head != NULL)
 			evbuffer_free(ix->cap_head);
 		if (ix->cap_body != NULL)
