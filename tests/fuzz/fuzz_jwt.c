@@ -108,11 +108,15 @@ static void jwk(FILE *f, const char *type, const char *curve, const char *kid)
 	EVP_PKEY_free(k);
 }
 
-static struct jwt_keys *load(const char *path)
+/* path as the setting names it: "hmac:" in front for a secret (a file is
+ * an HMAC secret only when the operator says so) */
+static struct jwt_keys *load(const char *path, const char *form)
 {
-	char err[512];
-	struct jwt_keys *k = jwt_keys_load(path, err, sizeof(err));
+	char err[512], setting[80];
+	struct jwt_keys *k;
 
+	snprintf(setting, sizeof(setting), "%s%s", form, path);
+	k = jwt_keys_load(setting, err, sizeof(err));
 	if (k == NULL) {
 		fprintf(stderr, "fuzz_jwt: %s\n", err);
 		abort();
@@ -142,12 +146,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	b64url(rnd, sizeof(rnd), k);
 	fprintf(f, "{\"kty\":\"oct\",\"kid\":\"h\",\"k\":\"%s\"}]}\n", k);
 	FUZZ_REQUIRE(fclose(f) == 0);
-	nobody = load(path);
+	nobody = load(path, "");
 	snprintf(path, sizeof(path), "%s/secret", dir);
 	FUZZ_REQUIRE((f = fopen(path, "w")) != NULL);
 	fprintf(f, "%s\n", secret);
 	FUZZ_REQUIRE(fclose(f) == 0);
-	shared = load(path);
+	shared = load(path, "hmac:");
 	rmdir(dir);
 	return 0;
 }
