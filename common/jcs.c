@@ -1,8 +1,9 @@
 /*
  * jcs.c - see jcs.h.
  *
- * json-c parses (strictly, UTF-8 checked); what it would let through or
- * hide is read from the text itself (jsontext.h): the number of members
+ * json-c parses (strictly); what it would let through or hide is read
+ * from the text itself (jsontext.h): UTF-8 as RFC 3629 has it (json-c
+ * takes overlong forms and encoded surrogates), the number of members
  * of every object, which a member named twice makes larger than what
  * json-c keeps (the last value), and every number as strtod() reads its
  * text - json-c clamps integers beyond 64 bits, JCS wants the nearest

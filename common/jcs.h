@@ -28,10 +28,12 @@ struct json_object;
 /*
  * JSON text body[0..len) as a json-c value (json_object_put() it), or NULL
  * when it is not a value JCS represents exactly: not RFC 8259 JSON, not
- * UTF-8, a lone surrogate escape, a \u0000 escape, one member name twice in
- * an object, nesting deeper than JCS_DEPTH_MAX, a number beyond a double's
- * range or written with more than 511 characters. Its numbers are all
- * doubles, each the nearest to what the text wrote.
+ * UTF-8 (RFC 3629: an overlong form, an encoded surrogate or a code point
+ * beyond U+10FFFF is not), a lone surrogate escape, a \u0000 escape, one
+ * member name twice in an object, nesting deeper than JCS_DEPTH_MAX, a
+ * number beyond a double's range or written with more than 511
+ * characters. Its numbers are all doubles, each the nearest to what the
+ * text wrote.
  */
 struct json_object *jcs_parse(const char *body, size_t len);
 

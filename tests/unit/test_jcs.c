@@ -209,6 +209,50 @@ static void test_refused(void)
 	       "an escaped backslash before u0000 is not an escape");
 }
 
+/*
+ * Issue 44: UTF-8 as RFC 3629 has it, or the raw-bytes fallback. json-c's
+ * JSON_TOKENER_VALIDATE_UTF8 counts continuation bytes only, so d99a8fe
+ * canonicalised these.
+ */
+static void test_utf8(void)
+{
+	static const struct {
+		const char *text, *what;
+	} bad[] = {
+		{ "\"\xc0\x80\"", "overlong NUL (C0 80)" },
+		{ "\"\xc1\xbf\"", "overlong U+007F (C1 BF)" },
+		{ "\"\xe0\x80\xaf\"", "overlong '/' (E0 80 AF)" },
+		{ "\"\xf0\x8f\xbf\xbf\"", "overlong U+FFFF (F0 8F BF BF)" },
+		{ "\"\xed\xa0\x80\"", "an encoded surrogate (ED A0 80)" },
+		{ "\"\xed\xbf\xbf\"", "an encoded surrogate (ED BF BF)" },
+		{ "\"\xed\xa0\xbd\xed\xb8\x80\"", "a surrogate pair, encoded (CESU-8)" },
+		{ "\"\xf4\x90\x80\x80\"", "beyond U+10FFFF (F4 90 80 80)" },
+		{ "\"\xf5\x80\x80\x80\"", "a lead byte beyond U+10FFFF (F5)" },
+		{ "\"\xf8\x88\x80\x80\x80\"", "a five-byte form (F8)" },
+		{ "\"\x80\"", "a continuation byte first" },
+		{ "\"\xc3\"", "a sequence cut short by the quote" },
+		{ "\"\xe2\x82\"", "a three-byte sequence cut short" },
+		{ "{\"\xc0\xaf\":1}", "an overlong member name" },
+		{ "[\"ok\",{\"a\":\"\xed\xa0\x80\"}]", "deep in the value" },
+	};
+	static const char *const good[] = {
+		"\"\xc2\x80\"",			/* U+0080 */
+		"\"\xdf\xbf\"",			/* U+07FF */
+		"\"\xe0\xa0\x80\"",		/* U+0800 */
+		"\"\xed\x9f\xbf\"",		/* U+D7FF */
+		"\"\xee\x80\x80\"",		/* U+E000 */
+		"\"\xef\xbf\xbf\"",		/* U+FFFF */
+		"\"\xf0\x90\x80\x80\"",		/* U+10000 */
+		"\"\xf4\x8f\xbf\xbf\"",		/* U+10FFFF */
+	};
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		is_str(canon(bad[i].text), "(refused)", "not UTF-8, refused: %s",
+		       bad[i].what);
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+		is_str(canon(good[i]), good[i], "UTF-8 taken as it is: %zu", i);
+}
+
 static void test_idempotent(void)
 {
 	static const char *const texts[] = {
@@ -232,6 +276,7 @@ int main(int argc, char **argv)
 	test_appendix_b();
 	test_number_file(argc > 1 ? argv[1] : "data/jcs_numbers.txt");
 	test_refused();
+	test_utf8();
 	test_idempotent();
 	return tap_done();
 }
