@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <event2/buffer.h>
 #include <json-c/json.h>
@@ -291,82 +292,223 @@ static int shape_target(const struct policy *p, const char *target,
 
 /* ---- JSON ----------------------------------------------------------------- */
 
-/* Remove what pointer names from root, if it is there. -1: out of memory. */
-static int json_remove(struct json_object *root, const char *pointer, size_t n)
+/*
+ * A place a pointer names in the body as the client sent it (RFC 6901):
+ * the member of an object or the element of an array that holds it.
+ */
+struct place {
+	struct json_object *in;		/* the object or array */
+	const char *name;		/* in an object: the member's name */
+	size_t index;			/* in an array: the element's */
+	size_t depth;			/* tokens of the pointer before its last */
+	struct json_object *value;	/* what is there (NULL: null) */
+};
+
+/* Pointer token tok[0..n) unescaped (~1 '/', ~0 '~', one pass) into out,
+ * which has room for n + 1 bytes. */
+static void token_unescape(const char *tok, size_t n, char *out)
 {
-	char *parent = strndup(pointer, n), *token, *w;
-	struct json_object *obj = NULL;
+	for (size_t i = 0; i < n; i++)
+		*out++ = tok[i] == '~' && i + 1 < n ?
+			 (tok[++i] == '1' ? '/' : '~') : tok[i];
+	*out = '\0';
+}
+
+/* An RFC 6901 array index: "0", or digits without a leading zero, below
+ * len ("-" names the element after the last: none). */
+static bool array_index(const char *tok, size_t len, size_t *out)
+{
+	size_t i = 0, v = 0;
+
+	if (tok[0] == '\0' || (tok[0] == '0' && tok[1] != '\0'))
+		return false;
+	for (; tok[i] != '\0'; i++) {
+		if (tok[i] < '0' || tok[i] > '9' || v >= len)
+			return false;
+		v = v * 10 + (size_t)(tok[i] - '0');
+	}
+	if (v >= len)
+		return false;
+	*out = v;
+	return true;
+}
+
+/*
+ * The place pointer[0..n) (a pointer fpshape_check() took: "/a/0/b")
+ * names in root (RFC 6901), read against root as it is, into *pl; the
+ * names of its tokens are written to buf (n + 1 bytes), which the place's
+ * name then points into. false when it names nothing: a member or element
+ * that is not there ("-" included), a step through a value that is
+ * neither object nor array.
+ */
+static bool json_place(struct json_object *root, const char *pointer, size_t n,
+		       char *buf, struct place *pl)
+{
+	struct json_object *at = root;
+	size_t depth = 0;
+
+	if (n == 0 || pointer[0] != '/')
+		return false;		/* not a pointer: fpshape_check() */
+	for (size_t i = 0; i < n; depth++) {
+		size_t start = i + 1, end = start;
+
+		while (end < n && pointer[end] != '/')
+			end++;
+		token_unescape(pointer + start, end - start, buf + start);
+		*pl = (struct place){ .in = at, .depth = depth };
+		if (json_object_is_type(at, json_type_object)) {
+			pl->name = buf + start;
+			if (!json_object_object_get_ex(at, pl->name, &at))
+				return false;
+		} else if (json_object_is_type(at, json_type_array)) {
+			if (!array_index(buf + start, json_object_array_length(at),
+					 &pl->index))
+				return false;
+			at = json_object_array_get_idx(at, pl->index);
+		} else {
+			return false;	/* a string, a number, null */
+		}
+		i = end;
+	}
+	pl->value = at;
+	return true;
+}
+
+/*
+ * Deepest first, then by container, then elements from the last: removing
+ * them in this order, no removal moves or frees a place still to remove.
+ * A place inside another that is removed goes first (deeper), and a later
+ * element of an array goes before an earlier one, whose removal shifts it.
+ */
+static int by_removal(const void *a, const void *b)
+{
+	const struct place *x = a, *y = b;
+
+	if (x->depth != y->depth)
+		return x->depth > y->depth ? -1 : 1;
+	if (x->in != y->in)
+		return (uintptr_t)x->in < (uintptr_t)y->in ? -1 : 1;
+	if (x->name != NULL || y->name != NULL)	/* one container: one kind */
+		return strcmp(x->name, y->name);
+	if (x->index != y->index)
+		return x->index > y->index ? -1 : 1;
+	return 0;
+}
+
+/*
+ * Remove from root every place the pointers of list name. Each names a
+ * place in the body as the client sent it, whatever the others remove:
+ * all are found first, then removed in by_removal()'s order, each once.
+ * -1: out of memory.
+ */
+static int json_remove(struct json_object *root, const char *list)
+{
+	size_t len = strlen(list), count = 1, n = 0;
+	char *buf = malloc(len + 1);
+	struct place *pl;
 	int rc = 0;
 
-	if (parent == NULL)
-		return -1;
-	token = strrchr(parent, '/');
-	if (token == NULL)
-		goto out;		/* not a pointer: fpshape_check() */
-	*token++ = '\0';
-	for (const char *r = w = token; *r != '\0'; r++)	/* ~1 '/', ~0 '~' */
-		*w++ = r[0] == '~' ? (*++r == '1' ? '/' : '~') : *r;
-	*w = '\0';
-	if (json_pointer_get(root, parent, &obj) != 0 || obj == NULL)
+	for (size_t i = 0; i < len; i++)
+		count += list[i] == ',';
+	pl = calloc(count, sizeof(*pl));
+	if (buf == NULL || pl == NULL) {
+		rc = -1;
 		goto out;
-	if (json_object_is_type(obj, json_type_object)) {
-		json_object_object_del(obj, token);
-	} else if (json_object_is_type(obj, json_type_array)) {
-		char *end;
-		unsigned long i = strtoul(token, &end, 10);
+	}
+	/* each pointer's names go where it is in list: no two overlap */
+	for (const char *p = list; p != NULL;) {
+		size_t plen = strcspn(p, ",");
 
-		if (*token >= '0' && *token <= '9' && *end == '\0' &&
-		    (token[0] != '0' || token[1] == '\0') &&
-		    i < json_object_array_length(obj))
-			rc = json_object_array_del_idx(obj, i, 1) < 0 ? -1 : 0;
+		if (json_place(root, p, plen, buf + (p - list), &pl[n]))
+			n++;
+		p = p[plen] == ',' ? p + plen + 1 : NULL;
+	}
+	qsort(pl, n, sizeof(*pl), by_removal);
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		if (i > 0 && by_removal(&pl[i - 1], &pl[i]) == 0)
+			continue;	/* named twice */
+		if (pl[i].name != NULL)
+			json_object_object_del(pl[i].in, pl[i].name);
+		else if (json_object_array_del_idx(pl[i].in, pl[i].index, 1) < 0)
+			rc = -1;
 	}
 out:
-	free(parent);
+	free(pl);
+	free(buf);
 	return rc;
 }
 
 /* Each of only's pointers, with the canonical form of its value or a mark
- * that it has none. */
+ * that it has none (json_place(), as for fingerprint_ignore). */
 static int json_only(struct json_object *root, const char *only,
 		     struct evbuffer *out)
 {
 	struct evbuffer *v = evbuffer_new();
-	int rc = v != NULL ? 0 : -1;
+	char *buf = malloc(strlen(only) + 1);
+	int rc = v != NULL && buf != NULL ? 0 : -1;
 
 	while (rc == 0 && only != NULL) {
 		size_t n = strcspn(only, ",");
-		char *pointer = strndup(only, n);
-		struct json_object *at = NULL;
-		bool found;
+		struct place pl;
+		bool found = json_place(root, only, n, buf, &pl);
 
-		if (pointer == NULL) {
-			rc = -1;
-			break;
-		}
-		found = json_pointer_get(root, pointer, &at) == 0;
-		free(pointer);
 		evbuffer_drain(v, evbuffer_get_length(v));
 		if (put_bytes(out, only, n) < 0 ||
 		    evbuffer_add(out, found ? "\1" : "\0", 1) < 0 ||
-		    (found && (jcs_write(v, at) < 0 ||
+		    (found && (jcs_write(v, pl.value) < 0 ||
 			       put_u64(out, evbuffer_get_length(v)) < 0 ||
 			       evbuffer_add_buffer(out, v) < 0)))
 			rc = -1;
 		only = only[n] == ',' ? only + n + 1 : NULL;
 	}
-	evbuffer_free(v);
+	free(buf);
+	if (v != NULL)
+		evbuffer_free(v);
 	return rc;
 }
 
+bool fpshape_media(enum fp_body body, const char *ctype)
+{
+	static const char form[] = "application/x-www-form-urlencoded";
+	static const char json[] = "application/json";
+	const char *end, *slash, *rest;
+	size_t n;
+
+	if (body == FP_BODY_RAW)
+		return true;
+	if (ctype == NULL)
+		return false;
+	while (*ctype == ' ' || *ctype == '\t')
+		ctype++;
+	end = ctype + strcspn(ctype, "; \t");
+	for (rest = end; *rest == ' ' || *rest == '\t'; rest++)
+		;
+	if (*rest != '\0' && *rest != ';')
+		return false;		/* "application/json x" */
+	n = (size_t)(end - ctype);
+	if (body == FP_BODY_FORM)
+		return n == sizeof(form) - 1 && strncasecmp(ctype, form, n) == 0;
+	if (n == sizeof(json) - 1 && strncasecmp(ctype, json, n) == 0)
+		return true;
+	/* type/subtype+json (RFC 6839): application/problem+json */
+	slash = memchr(ctype, '/', n);
+	return slash != NULL && slash > ctype && end - slash > 6 &&
+	       memchr(slash + 1, '/', (size_t)(end - slash - 1)) == NULL &&
+	       strncasecmp(end - 5, "+json", 5) == 0;
+}
+
 /* The body as p shapes it into out, and what out holds ('j', 'p', 'f'),
- * or 'r' when it is not JSON / a form. -1: out of memory. */
-static int shape_body(const struct policy *p, const char *body, size_t len,
-		      struct evbuffer *out)
+ * or 'r' when it is not JSON / a form, by its Content-Type ctype or its
+ * bytes. -1: out of memory. */
+static int shape_body(const struct policy *p, const char *ctype,
+		      const char *body, size_t len, struct evbuffer *out)
 {
 	struct json_object *root;
 	struct fields fs;
 	int rc;
 
+	if (!fpshape_media(p->fp_body, ctype))
+		return 'r';
 	if (p->fp_body == FP_BODY_FORM) {
 		rc = fields_parse(body, len, p->fp_ignore, p->fp_only, &fs);
 		if (rc == 1)
@@ -376,29 +518,19 @@ static int shape_body(const struct policy *p, const char *body, size_t len,
 	}
 	if (p->fp_body != FP_BODY_JSON || (root = jcs_parse(body, len)) == NULL)
 		return 'r';
-	if (p->fp_only != NULL) {
+	if (p->fp_only != NULL)
 		rc = json_only(root, p->fp_only, out) < 0 ? -1 : 'p';
-	} else {
-		const char *ig = p->fp_ignore;
-
-		rc = 'j';
-		while (rc > 0 && ig != NULL) {
-			size_t n = strcspn(ig, ",");
-
-			if (json_remove(root, ig, n) < 0)
-				rc = -1;
-			ig = ig[n] == ',' ? ig + n + 1 : NULL;
-		}
-		if (rc > 0 && jcs_write(out, root) < 0)
-			rc = -1;
-	}
+	else if (p->fp_ignore != NULL && json_remove(root, p->fp_ignore) < 0)
+		rc = -1;
+	else
+		rc = jcs_write(out, root) < 0 ? -1 : 'j';
 	json_object_put(root);
 	return rc;
 }
 
 int fpshape_compute(const struct policy *p, const char *method,
-		    const char *target, const char *body, size_t len,
-		    uint8_t out[FP_LEN], bool *fallback)
+		    const char *target, const char *ctype, const char *body,
+		    size_t len, uint8_t out[FP_LEN], bool *fallback)
 {
 	struct iovec v = { .iov_base = (void *)body, .iov_len = len };
 	struct evbuffer *t = NULL, *b = NULL;
@@ -420,7 +552,7 @@ int fpshape_compute(const struct policy *p, const char *method,
 	b = evbuffer_new();
 	if (t == NULL || b == NULL || shape_target(p, target, t) < 0)
 		goto out;
-	kind = shape_body(p, body, len, b);
+	kind = shape_body(p, ctype, body, len, b);
 	if (kind < 0)
 		goto out;
 	*fallback = kind == 'r' && p->fp_body != FP_BODY_RAW;

@@ -36,14 +36,28 @@ int fpshape_check(const struct policy *p, char *why, size_t len) MUSTCHECK;
 bool fpshape_is_default(const struct policy *p);
 
 /*
- * The fingerprint of a request under p. *fallback is set when p shapes
- * the body as json or form and the body is not that (it is then
- * fingerprinted by its raw bytes, under p's description still). 0 or -1
- * (out of memory).
+ * Is a body whose Content-Type field value is ctype (NULL: the request
+ * has none, or more than one) of the media type a route's `fingerprint`
+ * shapes? FP_BODY_JSON: application/json or a +json type (RFC 6839:
+ * application/problem+json); FP_BODY_FORM:
+ * application/x-www-form-urlencoded; either without regard to case,
+ * parameters (; charset=utf-8) allowed. FP_BODY_RAW (the bytes): any.
+ * Also what a form: or json: key source asks of a body (keyed.c).
+ */
+bool fpshape_media(enum fp_body body, const char *ctype);
+
+/*
+ * The fingerprint of a request under p; ctype is its Content-Type value
+ * (NULL: none, or more than one). *fallback is set when p shapes the body
+ * as json or form and the body is not that - ctype is not its media type
+ * (fpshape_media()), or its bytes do not parse as one; it is then
+ * fingerprinted by its raw bytes, under p's description still. json and
+ * form lists name places in the body as the client sent it, each whatever
+ * the others name. 0 or -1 (out of memory).
  */
 int fpshape_compute(const struct policy *p, const char *method,
-		    const char *target, const char *body, size_t len,
-		    uint8_t out[FP_LEN], bool *fallback) MUSTCHECK;
+		    const char *target, const char *ctype, const char *body,
+		    size_t len, uint8_t out[FP_LEN], bool *fallback) MUSTCHECK;
 
 /* The words --check-config and the fingerprint use for p's shaping:
  * "body=json;query=sorted;ignore=/a,/b". Cut short to fit buf. */

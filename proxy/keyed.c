@@ -129,27 +129,26 @@ enum keyed_verdict keyed_start(const struct keyed_head *h, struct keyed_key *k,
 }
 
 /*
- * Is the body of this media type? For json, any "+json" suffix type counts
- * (application/problem+json). Parameters (charset) are ignored.
+ * The request's Content-Type value for its fingerprint: NULL when it has
+ * none, or more than one (which the upstream may read either way: the
+ * body is then fingerprinted by its bytes).
  */
-static bool content_type_is(const struct hdrlist *f, const char *type)
+static const char *content_type(const struct hdrlist *f)
 {
 	int i = hdrlist_find(f, "content-type", 0);
-	const char *v, *end;
-	size_t n, tn = strlen(type);
 
-	if (i < 0)
-		return false;
-	v = hdr_value(f, (uint32_t)i);
-	while (*v == ' ' || *v == '\t')
-		v++;
-	end = v + strcspn(v, "; \t");
-	n = (size_t)(end - v);
-	if (n == tn && strncasecmp(v, type, n) == 0)
-		return true;
-	return strcmp(type, "application/json") == 0 && n > 17 &&
-	       strncasecmp(v, "application/", 12) == 0 &&
-	       strncasecmp(end - 5, "+json", 5) == 0;
+	if (i < 0 || hdrlist_find(f, "content-type", (uint32_t)i + 1) >= 0)
+		return NULL;
+	return hdr_value(f, (uint32_t)i);
+}
+
+/* Is the body of a form: or json: key source's media type (its first
+ * Content-Type field, fpshape_media())? */
+static bool content_type_is(const struct hdrlist *f, enum fp_body type)
+{
+	int i = hdrlist_find(f, "content-type", 0);
+
+	return i >= 0 && fpshape_media(type, hdr_value(f, (uint32_t)i));
 }
 
 /*
@@ -348,11 +347,11 @@ static int body_key(const struct keyed_head *h, const char *body, size_t len,
 
 	switch (p->key_source) {
 	case KEY_SRC_FORM:
-		if (!content_type_is(h->fields, "application/x-www-form-urlencoded"))
+		if (!content_type_is(h->fields, FP_BODY_FORM))
 			return KEYSRC_MISSING;
 		return keysrc_form(body, len, p->key_name, p->key_prefix, key);
 	case KEY_SRC_JSON:
-		if (!content_type_is(h->fields, "application/json"))
+		if (!content_type_is(h->fields, FP_BODY_JSON))
 			return KEYSRC_MISSING;
 		return keysrc_json(body, len, p->key_name, p->key_prefix, key);
 	case KEY_SRC_AUTO:
@@ -384,24 +383,32 @@ static void fill_request(const struct keyed_head *h, const struct keyed_key *k,
 }
 
 /* The fingerprint of method, target and body (DESIGN §1.5), as the
- * route shapes it (fpshape.h). */
+ * route shapes it (fpshape.h): a json or form route shapes only a body
+ * whose Content-Type says it is one. */
 static int fingerprint(const struct keyed_head *h, const char *body,
 		       size_t len, uint8_t fp[FP_LEN])
 {
 	const struct policy *p = h->policy;
+	const char *ctype = content_type(h->fields);
 	bool fallback;
 
 	if (fpshape_compute(p, llhttp_method_name((llhttp_method_t)h->method),
-			    h->target, body, len, fp, &fallback) < 0)
+			    h->target, ctype, body, len, fp, &fallback) < 0)
 		return -1;
 	if (fallback) {
+		bool json = p->fp_body == FP_BODY_JSON;
+
 		metrics_count(COUNTER_fingerprint_fallbacks_total);
 		log_debug("fingerprint = %s: the body of %s is not %s; its raw "
 			  "bytes are fingerprinted",
 			  setting_word(policy_fp_body_words, (int)p->fp_body),
-			  h->target, p->fp_body == FP_BODY_JSON ?
-			  "JSON (RFC 8259, UTF-8, no name twice, numbers a "
-			  "double can hold)" : "an urlencoded form");
+			  h->target, !fpshape_media(p->fp_body, ctype) ?
+			  (json ? "said to be JSON (one Content-Type: "
+				  "application/json or a +json type)" :
+				  "said to be a form (one Content-Type: "
+				  "application/x-www-form-urlencoded)") :
+			  json ? "JSON (RFC 8259, UTF-8, no name twice, numbers "
+				 "a double can hold)" : "an urlencoded form");
 	}
 	return 0;
 }

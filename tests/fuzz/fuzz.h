@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -23,5 +24,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 			abort();                                            \
 		}                                                           \
 	} while (0)
+
+/* data[skip..size) in a buffer of exactly its length (one byte when it is
+ * empty), free() it: inputs are not NUL-terminated, and so that ASan sees
+ * a read past their end they are not given with libFuzzer's bytes after
+ * them. NULL when out of memory. */
+static inline uint8_t *fuzz_copy(const uint8_t *data, size_t size, size_t skip)
+{
+	uint8_t *copy = malloc(size - skip ? size - skip : 1);
+
+	if (copy != NULL && size > skip)
+		memcpy(copy, data + skip, size - skip);
+	return copy;
+}
 
 #endif

@@ -3,10 +3,11 @@
  * fingerprints built on it (common/fpshape.c).
  *
  * Input: one selector byte, then a body. Invariants:
- * - a body jcs_parse() takes has a canonical form that jcs_parse() takes
- *   too, which is its own canonical form (canonicalising is idempotent),
- *   and which parses to the same value: same types, names, strings, and
- *   numbers equal as doubles;
+ * - a body jcs_parse() takes is UTF-8 as RFC 3629 has it (no overlong
+ *   form, no encoded surrogate, nothing beyond U+10FFFF), and has a
+ *   canonical form that jcs_parse() takes too, which is its own canonical
+ *   form (canonicalising is idempotent), and which parses to the same
+ *   value: same types, names, strings, and numbers equal as doubles;
  * - fpshape_compute() never fails for want of anything but memory, and
  *   under the default shaping equals fp_compute().
  * The selector picks the shaping: body json/form/raw, query
@@ -83,6 +84,38 @@ static bool same_value(struct json_object *a, struct json_object *b)
 	}
 }
 
+/* Is s[0..n) UTF-8 as RFC 3629 has it? Each sequence decoded and its code
+ * point checked (jsontext.c checks the bytes instead). */
+static bool utf8_valid(const uint8_t *s, size_t n)
+{
+	for (size_t i = 0; i < n;) {
+		/* by the bits of the lead byte: the length, the smallest code
+		 * point of that length */
+		static const uint32_t min[] = { 0, 0, 0x80, 0x800, 0x10000 };
+		size_t k = s[i] < 0x80 ? 1 : (s[i] & 0xe0) == 0xc0 ? 2 :
+			   (s[i] & 0xf0) == 0xe0 ? 3 : (s[i] & 0xf8) == 0xf0 ? 4 : 0;
+		uint32_t cp = s[i] & (0x7fu >> k);
+
+		if (k == 1) {
+			i++;
+			continue;
+		}
+		if (k == 0)
+			return false;	/* a continuation byte, F8 and up */
+		if (n - i < k)
+			return false;
+		for (size_t j = 1; j < k; j++) {
+			if ((s[i + j] & 0xc0) != 0x80)
+				return false;
+			cp = cp << 6 | (s[i + j] & 0x3fu);
+		}
+		if (cp < min[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			return false;
+		i += k;
+	}
+	return true;
+}
+
 static void canonical(const uint8_t *data, size_t size)
 {
 	struct json_object *v = jcs_parse((const char *)data, size), *v2, *v3;
@@ -91,6 +124,7 @@ static void canonical(const uint8_t *data, size_t size)
 
 	if (v == NULL)
 		return;
+	FUZZ_REQUIRE(utf8_valid(data, size));	/* no other bytes are taken */
 	c1 = evbuffer_new();
 	c2 = evbuffer_new();
 	FUZZ_REQUIRE(c1 != NULL && c2 != NULL);
@@ -116,6 +150,11 @@ static void shaped(uint8_t sel, const uint8_t *data, size_t size)
 	static const char *const lists[] = {
 		"/a,/b/0,/c~1d,/e~0", "/a", "a,b,sign", "/x/y/z,/0",
 	};
+	/* each body shaping's own media type (fuzz_fpshape.c tries others) */
+	static const char *const media[] = {
+		[FP_BODY_RAW] = NULL, [FP_BODY_JSON] = "application/json",
+		[FP_BODY_FORM] = "application/x-www-form-urlencoded",
+	};
 	struct policy p = {
 		.fp_body = (enum fp_body)(sel % 3),
 		.fp_query = (enum fp_query)(sel / 3 % 3),
@@ -133,8 +172,9 @@ static void shaped(uint8_t sel, const uint8_t *data, size_t size)
 	for (size_t i = 0; i < size && t < sizeof(target) - 1; i++, t++)
 		target[t] = data[i] > 0x20 && data[i] < 0x7f ? (char)data[i] : 'x';
 	target[t] = '\0';
-	FUZZ_REQUIRE(fpshape_compute(&p, "POST", target, (const char *)data,
-				     size, a, &fallback) == 0);
+	FUZZ_REQUIRE(fpshape_compute(&p, "POST", target, media[p.fp_body],
+				     (const char *)data, size, a,
+				     &fallback) == 0);
 	FUZZ_REQUIRE(!fallback || p.fp_body != FP_BODY_RAW);
 	if (fpshape_is_default(&p)) {
 		struct iovec v = { (void *)data, size };
@@ -148,14 +188,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	uint8_t *body;
 
-	if (size < 1)
+	if (size < 1 || (body = fuzz_copy(data, size, 1)) == NULL)
 		return 0;
-	/* bodies are not NUL-terminated: a copy of exactly their bytes, so
-	 * that ASan sees a read past the end */
-	body = malloc(size - 1 ? size - 1 : 1);
-	if (body == NULL)
-		return 0;
-	memcpy(body, data + 1, size - 1);
 	canonical(body, size - 1);
 	shaped(data[0], body, size - 1);
 	free(body);

@@ -14,9 +14,16 @@ docs/protocol.md "Shaped fingerprints"): what counts as the same request.
 - A changed shaping is a different fingerprint domain: a key completed
   before a reload that turns json on answers 422, never a replay.
 - key = auto uses the shaped fingerprint.
+- Issue 44: every pointer of a list names a place in the body as the client
+  sent it (ignoring /items/0 and /items/1 leaves items[2] counted, and a
+  re-stamped lines[1] still replays); a json or form route shapes only a
+  body whose Content-Type says it is one (JSON, text and multipart bodies on
+  a form route are their bytes); JSON that is not UTF-8 as RFC 3629 has it
+  falls back to its bytes.
 
 Executions are counted by the stub; its echo's "n" tells executions apart.
 """
+import json
 import signal
 import subprocess
 import uuid
@@ -261,3 +268,182 @@ def test_check_config_shows_shaping(tmp_path, stub):
                  "fingerprint = json\nfingerprint_only = /amount,/currency\n",
                  "[route ping]\n", "fingerprint_query = ignore\n"):
         assert want in out, (want, out)
+
+
+# ------------------------------------------------------ issue 44: places, media
+
+PLACES_INI = """
+[idemproxy]
+upstream_timeout = 5s
+
+[route items]
+match = POST /items*
+fingerprint = json
+fingerprint_ignore = /items/0, /items/1
+
+[route lines]
+match = POST /lines*
+fingerprint = json
+fingerprint_ignore = /lines/0/sent_at, /lines/1/sent_at
+
+[route batch]
+match = POST /batch*
+fingerprint = json
+fingerprint_ignore = /lines/0, /lines/1/sent_at
+
+[route transfer]
+match = POST /transfer*
+fingerprint = form
+
+[route doc]
+match = POST /doc*
+fingerprint = json
+"""
+
+
+def key_executions(stub, key):
+    """How often the stub executed requests with this Idempotency-Key."""
+    return stub.stats()["keys"].get(key, 0)
+
+
+def keyed(prefix):
+    k = f"{prefix}-{uuid.uuid4()}"
+    return k, [("Idempotency-Key", k)]
+
+
+def items(*amounts):
+    return json.dumps({"items": [{"sku": f"s{i}", "amount": a}
+                                 for i, a in enumerate(amounts)]}).encode()
+
+
+@pytest.mark.stores("memory", "postgres")
+def test_ignored_elements_of_one_array(store_args, stub, routed):
+    """fingerprint_ignore = /items/0, /items/1: items[2] counts, items[0]
+    and items[1] do not. At d99a8fe the second pointer removed items[2]
+    (the first had shifted the array), so another amount replayed 201."""
+    p = routed(PLACES_INI, *store_args)
+    k, h = keyed("items")
+    a = send(p.port, "POST", "/items?status=201", items(5, 7, 1), JSON, h)
+    assert a.status == 201 and not replayed(a), a
+    # items[2].amount 1 -> 1000: another request
+    b = send(p.port, "POST", "/items?status=201", items(5, 7, 1000), JSON, h)
+    assert_problem(b, 422, "idempotency-key-mismatch")
+    # items[0] and items[1] changed, items[2] as it was: the same request
+    c = send(p.port, "POST", "/items?status=201", items(6, 8, 1), JSON, h)
+    assert c.status == 201 and replayed(c) and echo_n(c) == echo_n(a), c
+    assert key_executions(stub, k) == 1
+
+
+@pytest.mark.stores("memory", "postgres")
+def test_restamped_lines_replay(store_args, stub, routed):
+    """A retry that only re-stamps sent_at replays: with the stamps of
+    lines[0] and lines[1] ignored, and with lines[0] and lines[1].sent_at
+    ignored (at d99a8fe the second pointer named what had been lines[2]
+    once lines[0] was gone: 422)."""
+    p = routed(PLACES_INI, *store_args)
+
+    def body(stamp0, stamp1, sku1="b"):
+        return json.dumps({"order": "o-1", "lines": [
+            {"sku": "a", "sent_at": stamp0},
+            {"sku": sku1, "sent_at": stamp1}]}).encode()
+
+    for target in ("/lines", "/batch"):
+        k, h = keyed(target[1:])
+        a = send(p.port, "POST", target, body("10:00:00", "10:00:00"), JSON, h)
+        assert a.status == 200 and not replayed(a), a
+        b = send(p.port, "POST", target, body("10:00:00", "10:00:07"), JSON, h)
+        assert b.status == 200 and replayed(b), (target, b)
+        assert echo_n(b) == echo_n(a)
+        # what is not ignored still counts
+        c = send(p.port, "POST", target, body("10:00:00", "10:00:07", "c"),
+                 JSON, h)
+        assert_problem(c, 422, "idempotency-key-mismatch")
+        assert key_executions(stub, k) == 1, target
+
+
+MULTIPART = (b"--xyz\r\nContent-Disposition: form-data; name=\"f\"; "
+             b"filename=\"a.txt\"\r\nContent-Type: text/plain\r\n\r\n"
+             b"%s\r\n--xyz--\r\n")
+
+
+@pytest.mark.stores("memory", "postgres")
+def test_form_route_shapes_only_forms(store_args, stub, routed):
+    """fingerprint = form reads only an urlencoded body as a form: JSON,
+    text and multipart bodies are their bytes, so '+' and ' ' or another
+    order of '&' pieces are other requests (at d99a8fe each second one
+    was replayed). Each is a fallback, counted."""
+    p = routed(PLACES_INI, *store_args)
+    before = metric_value(p.metrics(), "idemproxy_fingerprint_fallbacks_total")
+    pairs = [
+        (JSON, b'{"to":"a+b"}', b'{"to":"a b"}'),
+        ("text/plain", b"pay 10&to bob", b"to bob&pay 10"),
+        ("multipart/form-data; boundary=xyz", MULTIPART % b"x+y",
+         MULTIPART % b"x y"),
+    ]
+    for ctype, first, second in pairs:
+        k, h = keyed("t")
+        a = send(p.port, "POST", "/transfer", first, ctype, h)
+        assert a.status == 200 and not replayed(a), (ctype, a)
+        b = send(p.port, "POST", "/transfer", second, ctype, h)
+        assert_problem(b, 422, "idempotency-key-mismatch")
+        c = send(p.port, "POST", "/transfer", first, ctype, h)
+        assert c.status == 200 and replayed(c), (ctype, c)
+        assert key_executions(stub, k) == 1, ctype
+    # a form, its type in any case and with a charset, is still shaped
+    k, h = keyed("f")
+    a = send(p.port, "POST", "/transfer", b"pay=10&to=a+b", FORM, h)
+    b = send(p.port, "POST", "/transfer", b"to=a%20b&pay=10",
+             "Application/X-WWW-Form-Urlencoded; charset=UTF-8", h)
+    assert a.status == 200 and not replayed(a), a
+    assert b.status == 200 and replayed(b), b
+    assert key_executions(stub, k) == 1
+    after = metric_value(p.metrics(), "idemproxy_fingerprint_fallbacks_total")
+    assert after - (before or 0) == 9, (before, after)
+
+
+@pytest.mark.stores("memory", "postgres")
+def test_json_route_shapes_only_json(store_args, stub, routed):
+    """fingerprint = json reads a body as JSON only when its Content-Type
+    is application/json or a +json type (parameters and case aside);
+    anything else, or no Content-Type, is its bytes."""
+    p = routed(PLACES_INI, *store_args)
+    first, second = b'{"a":1,"b":"x y"}', b'{ "b": "x y", "a": 1.0 }'
+    for ctype in ("application/json", "APPLICATION/JSON; charset=utf-8",
+                  "application/vnd.api+json", "application/problem+json"):
+        k, h = keyed("j")
+        a = send(p.port, "POST", "/doc", first, ctype, h)
+        b = send(p.port, "POST", "/doc", second, ctype, h)
+        assert a.status == 200 and not replayed(a), (ctype, a)
+        assert b.status == 200 and replayed(b), (ctype, b)
+        assert key_executions(stub, k) == 1, ctype
+    before = metric_value(p.metrics(), "idemproxy_fingerprint_fallbacks_total")
+    for ctype in (FORM, "text/plain", "application/jsonx", None):
+        k, h = keyed("n")
+        a = send(p.port, "POST", "/doc", first, ctype, h)
+        b = send(p.port, "POST", "/doc", second, ctype, h)
+        c = send(p.port, "POST", "/doc", first, ctype, h)
+        assert a.status == 200 and not replayed(a), (ctype, a)
+        assert_problem(b, 422, "idempotency-key-mismatch")
+        assert c.status == 200 and replayed(c), (ctype, c)
+        assert key_executions(stub, k) == 1, ctype
+    after = metric_value(p.metrics(), "idemproxy_fingerprint_fallbacks_total")
+    assert after - (before or 0) == 12, (before, after)
+
+
+@pytest.mark.parametrize("bad", [b"\xc0\x80", b"\xed\xa0\x80",
+                                 b"\xf4\x90\x80\x80"])
+def test_json_not_utf8_falls_back(stub, routed, bad):
+    """An overlong form, an encoded surrogate, a code point beyond
+    U+10FFFF: not UTF-8, so not JSON, so the raw bytes (docs "Shaped
+    fingerprints"); at d99a8fe they were canonicalised and two spellings
+    replayed."""
+    p = routed(PLACES_INI)
+    before = metric_value(p.metrics(), "idemproxy_fingerprint_fallbacks_total")
+    k, h = keyed("u")
+    a = send(p.port, "POST", "/doc", b'{"a":"' + bad + b'","b":1}', JSON, h)
+    b = send(p.port, "POST", "/doc", b'{ "b": 1, "a": "' + bad + b'" }', JSON, h)
+    assert a.status == 200 and not replayed(a), a
+    assert_problem(b, 422, "idempotency-key-mismatch")
+    assert key_executions(stub, k) == 1
+    after = metric_value(p.metrics(), "idemproxy_fingerprint_fallbacks_total")
+    assert after - (before or 0) == 2, (before, after)

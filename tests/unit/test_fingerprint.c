@@ -10,6 +10,7 @@
  */
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -134,19 +135,32 @@ static struct policy shape(enum fp_body b, enum fp_query q, const char *ignore,
 	return p;
 }
 
-static void shaped(const struct policy *p, const char *target, const char *body,
-		   char hex[2 * FP_LEN + 1], bool *fallback)
+/* The fingerprint of a request with Content-Type ctype (NULL: none). */
+static void shaped_ct(const struct policy *p, const char *ctype,
+		      const char *target, const char *body,
+		      char hex[2 * FP_LEN + 1], bool *fallback)
 {
 	uint8_t fp[FP_LEN];
 	bool fb = false;
 
-	if (fpshape_compute(p, "POST", target, body, strlen(body), fp, &fb) != 0) {
+	if (fpshape_compute(p, "POST", target, ctype, body, strlen(body), fp,
+			    &fb) != 0) {
 		strcpy(hex, "error");
 		return;
 	}
 	fp_hex(fp, hex);
 	if (fallback != NULL)
 		*fallback = fb;
+}
+
+/* ... with the Content-Type of p's body shaping. */
+static void shaped(const struct policy *p, const char *target, const char *body,
+		   char hex[2 * FP_LEN + 1], bool *fallback)
+{
+	shaped_ct(p, p->fp_body == FP_BODY_JSON ? "application/json" :
+		     p->fp_body == FP_BODY_FORM ?
+		     "application/x-www-form-urlencoded" : NULL,
+		  target, body, hex, fallback);
 }
 
 /* Do two requests fingerprint alike under p? */
@@ -157,6 +171,17 @@ static bool same(const struct policy *p, const char *t1, const char *b1,
 
 	shaped(p, t1, b1, x, NULL);
 	shaped(p, t2, b2, y, NULL);
+	return strcmp(x, "error") != 0 && strcmp(x, y) == 0;
+}
+
+/* ... with Content-Type ctype for both. */
+static bool same_ct(const struct policy *p, const char *ctype, const char *b1,
+		    const char *b2)
+{
+	char x[2 * FP_LEN + 1], y[2 * FP_LEN + 1];
+
+	shaped_ct(p, ctype, "/p", b1, x, NULL);
+	shaped_ct(p, ctype, "/p", b2, y, NULL);
 	return strcmp(x, "error") != 0 && strcmp(x, y) == 0;
 }
 
@@ -234,6 +259,184 @@ static void test_shaped_json(void)
 	   "json: a member named twice falls back, never matches its last value");
 	shaped(&js, "/o", "{\"a\":1}", hex, &fb);
 	ok(!fb, "json: valid JSON is no fallback");
+}
+
+/* {"items":[{"amount":a},{"amount":b},{"amount":c}]} into buf. */
+static const char *items3(char buf[128], int a, int b, int c)
+{
+	snprintf(buf, 128, "{\"items\":[{\"amount\":%d},{\"amount\":%d},"
+		 "{\"amount\":%d}]}", a, b, c);
+	return buf;
+}
+
+/* Two lines, each with its sent_at stamp and its sku, into buf. */
+static const char *lines2(char buf[128], int stamp0, const char *sku0,
+			  int stamp1, const char *sku1)
+{
+	snprintf(buf, 128, "{\"lines\":[{\"sent_at\":%d,\"sku\":\"%s\"},"
+		 "{\"sent_at\":%d,\"sku\":\"%s\"}]}", stamp0, sku0, stamp1, sku1);
+	return buf;
+}
+
+/*
+ * Issue 44: every pointer of a list names a place in the body as the
+ * client sent it, whatever the others name. d99a8fe removed them one at a
+ * time from the tree it was changing: after /items/0, /items/1 named what
+ * had been items[2].
+ */
+static void test_shaped_json_places(void)
+{
+	struct policy two = shape(FP_BODY_JSON, FP_QUERY_EXACT, "/items/0,/items/1",
+				  NULL);
+	struct policy rev = shape(FP_BODY_JSON, FP_QUERY_EXACT, "/items/1,/items/0",
+				  NULL);
+	struct policy twice = shape(FP_BODY_JSON, FP_QUERY_EXACT,
+				    "/items/0,/items/0", NULL);
+	struct policy under = shape(FP_BODY_JSON, FP_QUERY_EXACT,
+				    "/lines/0,/lines/1/sent_at", NULL);
+	struct policy stamps = shape(FP_BODY_JSON, FP_QUERY_EXACT,
+				     "/lines/0/sent_at,/lines/1/sent_at", NULL);
+	struct policy inside = shape(FP_BODY_JSON, FP_QUERY_EXACT,
+				     "/items/0,/items/0/amount", NULL);
+	struct policy over = shape(FP_BODY_JSON, FP_QUERY_EXACT,
+				   "/items/0/amount,/items", NULL);
+	struct policy none = shape(FP_BODY_JSON, FP_QUERY_EXACT,
+				   "/items/-,/items/01,/items/3,/items/x,/no/0",
+				   NULL);
+	struct policy esc = shape(FP_BODY_JSON, FP_QUERY_EXACT,
+				  "/a~1b/0,/a~1b/1,/~01", NULL);
+	struct policy nest = shape(FP_BODY_JSON, FP_QUERY_EXACT,
+				   "/m/0/0,/m/0/1,/m/1", NULL);
+	struct policy only = shape(FP_BODY_JSON, FP_QUERY_EXACT, NULL,
+				   "/items/0,/items/2");
+	char x[128], y[128];
+
+	ok(!same(&two, "/o", items3(x, 1, 2, 1), "/o", items3(y, 1, 2, 1000)),
+	   "ignore /items/0,/items/1: items[2] still counts (issue 44)");
+	ok(same(&two, "/o", items3(x, 1, 2, 1), "/o", items3(y, 1, 99, 1)),
+	   "ignore /items/0,/items/1: items[1] does not count (issue 44)");
+	ok(!same(&rev, "/o", items3(x, 1, 2, 1), "/o", items3(y, 1, 2, 1000)) &&
+	   same(&rev, "/o", items3(x, 1, 2, 1), "/o", items3(y, 7, 99, 1)),
+	   "ignore /items/1,/items/0: the order of the list does not matter");
+	ok(!same(&two, "/o", "[1,2,3]", "/o", "[1,2,4]") &&
+	   same(&two, "/o", "{\"items\":[1,2]}", "/o", "{\"items\":[3,4]}") &&
+	   !same(&two, "/o", "{\"items\":[1,2]}", "/o", "{\"items\":[3,4,5]}"),
+	   "ignore /items/0,/items/1: what is left is what was after them");
+	ok(!same(&twice, "/o", items3(x, 1, 2, 1), "/o", items3(y, 1, 3, 1)),
+	   "a pointer listed twice removes its place once");
+	ok(same(&under, "/o", lines2(x, 1, "a", 1, "b"), "/o",
+		lines2(y, 2, "a", 2, "b")),
+	   "ignore /lines/0,/lines/1/sent_at: a re-stamped lines[1] replays "
+	   "(issue 44)");
+	ok(!same(&under, "/o", lines2(x, 1, "a", 1, "b"), "/o",
+		 lines2(y, 1, "a", 1, "c")),
+	   "ignore /lines/0,/lines/1/sent_at: lines[1].sku counts");
+	ok(same(&stamps, "/o", lines2(x, 1, "a", 1, "b"), "/o",
+		lines2(y, 1, "a", 5, "b")) &&
+	   !same(&stamps, "/o", lines2(x, 1, "a", 1, "b"), "/o",
+		 lines2(y, 1, "x", 1, "b")),
+	   "ignore /lines/0/sent_at,/lines/1/sent_at: the stamps, not the skus");
+	ok(!same(&inside, "/o", items3(x, 1, 2, 1), "/o", items3(y, 5, 3, 1)) &&
+	   same(&inside, "/o", items3(x, 1, 2, 1), "/o", items3(y, 5, 2, 1)),
+	   "a pointer under a removed element names nothing else (items[1] "
+	   "counts)");
+	ok(same(&over, "/o", "{\"items\":[{\"amount\":1}],\"n\":1}", "/o",
+		"{\"n\":1}") &&
+	   !same(&over, "/o", "{\"items\":[],\"n\":1}", "/o", "{\"n\":2}"),
+	   "a pointer under another that is removed: both go, nothing else");
+	ok(!same(&none, "/o", items3(x, 1, 2, 1), "/o", items3(y, 1, 2, 2)) &&
+	   !same(&none, "/o", items3(x, 1, 2, 1), "/o", items3(y, 0, 2, 1)) &&
+	   !same(&none, "/o", items3(x, 1, 2, 1), "/o", items3(y, 1, 0, 1)),
+	   "\"-\", a leading zero, an index past the end, a member of an "
+	   "array name no element");
+	ok(same(&none, "/o", "{\"items\":{\"-\":1,\"01\":1,\"x\":1,\"y\":1}}",
+		"/o", "{\"items\":{\"-\":2,\"01\":2,\"x\":2,\"y\":1}}") &&
+	   !same(&none, "/o", "{\"items\":{\"y\":1}}", "/o",
+		 "{\"items\":{\"y\":2}}"),
+	   "in an object \"-\" and \"01\" are names like any other");
+	ok(same(&esc, "/o", "{\"a/b\":[1,2,3],\"~1\":1}", "/o",
+		"{\"a/b\":[7,8,3],\"~1\":2}") &&
+	   !same(&esc, "/o", "{\"a/b\":[1,2,3]}", "/o", "{\"a/b\":[1,2,4]}"),
+	   "~1 and ~0: /a~1b/0,/a~1b/1 and the member \"~1\" (/~01)");
+	ok(same(&nest, "/o", "{\"m\":[[1,2,3],[4],[5]]}", "/o",
+		"{\"m\":[[0,0,3],[9],[5]]}") &&
+	   !same(&nest, "/o", "{\"m\":[[1,2,3],[4],[5]]}", "/o",
+		 "{\"m\":[[1,2,0],[4],[5]]}") &&
+	   !same(&nest, "/o", "{\"m\":[[1,2,3],[4],[5]]}", "/o",
+		 "{\"m\":[[1,2,3],[4],[6]]}"),
+	   "nested arrays: /m/0/0,/m/0/1,/m/1 leave m[0][2] and m[2]");
+	ok(same(&only, "/o", items3(x, 1, 2, 1), "/o", items3(y, 1, 50, 1)) &&
+	   !same(&only, "/o", items3(x, 1, 2, 1), "/o", items3(y, 1, 2, 1000)),
+	   "only /items/0,/items/2: items[1] does not count, items[2] does");
+}
+
+/*
+ * Issue 44: a json or form route shapes only a body whose Content-Type is
+ * that; any other falls back to the raw bytes. d99a8fe read every body of
+ * a form route as a form, so '+' and ' ' were alike in JSON and text.
+ */
+static void test_shaped_media(void)
+{
+	struct policy form = shape(FP_BODY_FORM, FP_QUERY_EXACT, NULL, NULL);
+	struct policy js = shape(FP_BODY_JSON, FP_QUERY_EXACT, NULL, NULL);
+	static const char multi_a[] = "--x\r\nContent-Disposition: form-data; "
+		"name=\"f\"; filename=\"a.txt\"\r\n\r\nx+y\r\n--x--\r\n";
+	static const char multi_b[] = "--x\r\nContent-Disposition: form-data; "
+		"name=\"f\"; filename=\"a.txt\"\r\n\r\nx y\r\n--x--\r\n";
+	char hex[2 * FP_LEN + 1];
+	bool fb = false;
+
+	ok(!same_ct(&form, "application/json", "{\"to\":\"a+b\"}",
+		    "{\"to\":\"a b\"}"),
+	   "form route: JSON {\"to\":\"a+b\"} and {\"to\":\"a b\"} differ "
+	   "(issue 44)");
+	ok(!same_ct(&form, "text/plain", "pay 10&to bob", "to bob&pay 10"),
+	   "form route: text \"pay 10&to bob\" and \"to bob&pay 10\" differ");
+	ok(!same_ct(&form, "multipart/form-data; boundary=x", multi_a, multi_b),
+	   "form route: a multipart file with x+y and x y differ");
+	ok(!same_ct(&form, NULL, "a=1&b=2", "b=2&a=1"),
+	   "form route: no Content-Type, the bytes");
+	shaped_ct(&form, "text/plain", "/p", "a=1", hex, &fb);
+	ok(fb, "form route: another media type is a fallback (counted)");
+	ok(same_ct(&form, "application/x-www-form-urlencoded", "a=1&b=x+y",
+		   "b=x%20y&a=1") &&
+	   same_ct(&form, "Application/X-WWW-Form-Urlencoded; charset=UTF-8",
+		   "a=1&b=x+y", "b=x%20y&a=1") &&
+	   same_ct(&form, " application/x-www-form-urlencoded ;charset=utf-8",
+		   "a=1&b=x+y", "b=x%20y&a=1"),
+	   "form route: the form type in any case, with parameters, is shaped");
+	shaped_ct(&form, "application/x-www-form-urlencoded", "/p", "a=1", hex,
+		  &fb);
+	ok(!fb, "form route: a form is no fallback");
+	ok(!same_ct(&js, "application/x-www-form-urlencoded", "{\"a\":1,\"b\":2}",
+		    "{\"b\":2,\"a\":1}") &&
+	   !same_ct(&js, "text/plain", "{\"a\":1}", "{ \"a\": 1 }") &&
+	   !same_ct(&js, NULL, "{\"a\":1}", "{ \"a\": 1 }") &&
+	   !same_ct(&js, "application/jsonx", "{\"a\":1}", "{ \"a\": 1 }") &&
+	   !same_ct(&js, "application/+json", "{\"a\":1}", "{ \"a\": 1 }"),
+	   "json route: a body that is not said to be JSON is its bytes");
+	shaped_ct(&js, "text/plain", "/p", "{\"a\":1}", hex, &fb);
+	ok(fb, "json route: another media type is a fallback (counted)");
+	ok(same_ct(&js, "application/json", "{\"a\":1,\"b\":2}",
+		   "{\"b\":2,\"a\":1}") &&
+	   same_ct(&js, "APPLICATION/JSON; charset=utf-8", "{\"a\":1,\"b\":2}",
+		   "{\"b\":2,\"a\":1}") &&
+	   same_ct(&js, "application/problem+json", "{\"a\":1,\"b\":2}",
+		   "{\"b\":2,\"a\":1}") &&
+	   same_ct(&js, "application/vnd.api+JSON;ext=x", "{\"a\":1,\"b\":2}",
+		   "{\"b\":2,\"a\":1}"),
+	   "json route: application/json and +json types, any case, are shaped");
+	ok(fpshape_media(FP_BODY_RAW, NULL) && fpshape_media(FP_BODY_RAW, "x") &&
+	   !fpshape_media(FP_BODY_JSON, NULL) && !fpshape_media(FP_BODY_FORM, "") &&
+	   !fpshape_media(FP_BODY_JSON, "application/json x") &&
+	   !fpshape_media(FP_BODY_JSON, "json") &&
+	   !fpshape_media(FP_BODY_JSON, "/+json") &&
+	   !fpshape_media(FP_BODY_FORM, "application/json") &&
+	   !fpshape_media(FP_BODY_JSON, "application/x-www-form-urlencoded") &&
+	   !fpshape_media(FP_BODY_FORM, "multipart/form-data") &&
+	   fpshape_media(FP_BODY_JSON, "\tapplication/json\t") &&
+	   fpshape_media(FP_BODY_JSON, "model/gltf+json"),
+	   "fpshape_media: raw takes any; the others their own types only");
 }
 
 static void test_shaped_form_query(void)
@@ -328,6 +531,8 @@ int main(void)
 	test_hex();
 	test_shaped_vectors();
 	test_shaped_json();
+	test_shaped_json_places();
+	test_shaped_media();
 	test_shaped_form_query();
 	test_shaped_domains();
 	test_shaped_settings();
