@@ -293,11 +293,87 @@ def jcs_seeds():
         b'{"x":{"y":{"z":[0,1,{"a":null}]}}}', b'42', b' [ ] ', b'{}',
         b'notify_time=2026-12-05+10%3A00%3A00&out_trade_no=T1&sign=abc%2B%3D&a=1&a=2',
         b'a=%zz&b', b'&&a=&=b&',
+        # not UTF-8 as RFC 3629 has it, though json-c takes them (issue 44):
+        # overlong, an encoded surrogate, beyond U+10FFFF; then the largest
+        b'"\xc0\x80"', b'{"\xe0\x80\xaf":1}', b'["\xed\xa0\x80"]',
+        b'"\xf4\x90\x80\x80"', b'"\xf5\x80\x80\x80"', b'"\xf4\x8f\xbf\xbf"',
     ]
     seeds = {}
     for i, body in enumerate(bodies):
         for sel in (0x00, 0x01, 0x02, 0x04, 0x81, 0xc2, 0x91, 0xa5):
             seeds[f"body{i:02d}-{sel:02x}"] = bytes([sel]) + body
+    return seeds
+
+
+def fpshape_seeds():
+    """fuzz_fpshape.c: a mode byte, four picks, then a body. Lists (mode 0
+    ignore, 1 only, | 4 pointers that name nothing): picks 0-2 are the
+    listed places and pick 3 the changed one, by their number in a walk of
+    the body (members in order, each before what is inside it). Media
+    types (mode 2 json, 3 form): pick 0 the Content-Type (fuzz_fpshape.c's
+    table), pick 1 the byte replaced by pick 2. Each issue-44 case is here:
+    elements of one array listed together, a pointer under a removed
+    element, a JSON, text or multipart body on a form route."""
+    none = 0xFF
+    items = b'{"items":[{"amount":1},{"amount":2},{"amount":1000}]}'
+    # /items 0, /items/0 1, /items/0/amount 2, /items/1 3, ... /items/2/amount 6
+    lines = (b'{"lines":[{"sent_at":"10:00","sku":"a"},'
+             b'{"sent_at":"10:01","sku":"b"}],"total":3}')
+    # /lines 0, /lines/0 1, /lines/0/sent_at 2, /lines/0/sku 3, /lines/1 4,
+    # /lines/1/sent_at 5, /lines/1/sku 6, /total 7
+    escaped = b'{"a/b":[1,2,3],"m~n":{"x":[4,5]},"~1":0}'
+    # /a~1b 0, /a~1b/0 1, /a~1b/1 2, /a~1b/2 3, /m~0n 4, /m~0n/x 5,
+    # /m~0n/x/0 6, /m~0n/x/1 7, /~01 8
+    nested = b'{"m":[[1,2,3],[4],[5]]}'
+    # /m 0, /m/0 1, /m/0/0 2, /m/0/1 3, /m/0/2 4, /m/1 5, /m/1/0 6, /m/2 7
+    top = b'[{"a":1},{"a":2},{"a":3}]'
+    lists = {
+        "items-0-1-change-2": (0, [1, 3, none, 6], items),
+        "items-0-1-change-1": (0, [1, 3, none, 4], items),
+        "items-0-twice": (0, [1, 1, none, 3], items),
+        "items-only-0-2": (1, [1, 5, none, 4], items),
+        "items-only-0-2-change-2": (1, [1, 5, none, 6], items),
+        "items-junk": (4, [1, 3, none, 6], items),
+        "items-only-junk": (5, [2, none, none, 3], items),
+        "items-overlap": (0, [0, 1, 2, 6], items),
+        "items-under-removed": (0, [1, 2, none, 4], items),
+        "lines-0-and-1-sent-at": (0, [1, 5, none, 5], lines),
+        "lines-sent-at-both": (0, [2, 5, none, 5], lines),
+        "lines-sent-at-both-sku": (0, [2, 5, none, 6], lines),
+        "escaped": (0, [1, 2, 8, 3], escaped),
+        "escaped-member": (0, [4, 8, none, 7], escaped),
+        "nested": (0, [2, 3, 5, 4], nested),
+        "nested-same": (0, [2, 3, 5, 6], nested),
+        "top-array": (0, [0, 2, none, 4], top),
+        "top-array-only": (1, [0, 2, none, 4], top),
+    }
+    multipart = (b'--x\r\nContent-Disposition: form-data; name="f"; '
+                 b'filename="a.txt"\r\n\r\nx+y\r\n--x--\r\n')
+    media = {
+        # form route (mode 3): JSON, text, multipart: '+' and ' ' differ
+        "form-route-json": (3, [2, 8, 0x20, 0], b'{"to":"a+b"}'),
+        "form-route-text": (3, [9, 3, ord("+"), 0], b"pay 10&to bob"),
+        "form-route-multipart": (3, [11, multipart.index(b"+"), 0x20, 0],
+                                 multipart),
+        "form-route-no-type": (3, [0, 1, ord("+"), 0], b"a b=1"),
+        "form-route-formx": (3, [16, 1, ord("+"), 0], b"a b=1"),
+        "form-route-form": (3, [6, 7, 0x20, 0], b"a=1&b=x+y"),
+        "form-route-form-upper": (3, [7, 7, 0x20, 0], b"a=1&b=x+y"),
+        "form-route-form-blank": (3, [8, 7, 0x20, 0], b"a=1&b=x+y"),
+        # json route (mode 2): a form or text type is the raw bytes
+        "json-route-form": (2, [6, 5, 0x0A, 0], b'{"a": 1}'),
+        "json-route-text": (2, [9, 5, 0x0A, 0], b'{"a": 1}'),
+        "json-route-jsonx": (2, [13, 5, 0x0A, 0], b'{"a": 1}'),
+        "json-route-json-x": (2, [14, 5, 0x0A, 0], b'{"a": 1}'),
+        "json-route-plus-json": (2, [15, 5, 0x0A, 0], b'{"a": 1}'),
+        "json-route-json": (2, [2, 5, 0x0A, 0], b'{"a": 1}'),
+        "json-route-json-upper": (2, [3, 5, 0x0A, 0], b'{"a": 1}'),
+        "json-route-problem": (2, [4, 5, 0x0A, 0], b'{"a": 1}'),
+        "json-route-vnd": (2, [5, 5, 0x0A, 0], b'{"a": 1}'),
+    }
+    seeds = {}
+    for name, (mode, picks, body) in {**lists, **media}.items():
+        seeds[name] = bytes([mode] + picks) + body
     return seeds
 
 
@@ -385,6 +461,7 @@ def main():
     write("config", config_seeds())
     write("setting", setting_seeds())
     write("jcs", jcs_seeds())
+    write("fpshape", fpshape_seeds())
     write("jwt", jwt_seeds())
 
 
