@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +51,27 @@ static void reply_text(struct evhttp_request *req, int code, const char *reason,
 	evbuffer_free(out);
 }
 
+/* What orchestrators and scrapers poll: answered on a connection of the
+ * reserve too (admin_conn.h), whatever other clients hold. */
+static bool probe_path(const char *path)
+{
+	return strcmp(path, "/healthz") == 0 || strcmp(path, "/readyz") == 0 ||
+	       strcmp(path, "/metrics") == 0;
+}
+
+/* A connection past the caps asks something else: 503, and it closes. */
+static void reply_busy(struct evhttp_request *req)
+{
+	static const char body[] = "too many admin connections: this one is "
+				   "answered for /healthz, /readyz and /metrics "
+				   "only\n";
+
+	evhttp_add_header(evhttp_request_get_output_headers(req),
+			  "Retry-After", "1");
+	reply_text(req, 503, "Service Unavailable", "text/plain", body,
+		   sizeof(body) - 1);
+}
+
 static void handle(struct evhttp_request *req, void *arg)
 {
 	struct admin *a = arg;
@@ -57,10 +79,19 @@ static void handle(struct evhttp_request *req, void *arg)
 	char *text = NULL;
 	size_t len = 0;
 	FILE *f;
+	enum admin_room room = admin_conns_request_read(a->conns, req);
 
-	admin_conns_request_read(a->conns, req);
 	if (path == NULL)
 		path = "/";
+	if (room == ADMIN_ROOM_PROBE) {
+		/* one request, and its place is free for the next probe */
+		evhttp_add_header(evhttp_request_get_output_headers(req),
+				  "Connection", "close");
+		if (!probe_path(path)) {
+			reply_busy(req);
+			return;
+		}
+	}
 	if (strncmp(path, "/keys/", 6) == 0) {
 		admin_keys_handle(a->keys, req, path + 6);
 		return;

@@ -1,19 +1,34 @@
 /*
- * admin_conn.c - the admin listener's connections: a cap and a deadline.
+ * admin_conn.c - the admin listener's connections: two rooms, a deadline.
  *
  * evhttp tells no one when it frees a connection. So each connection's
  * bufferevent is made here with a second reference, which keeps it (and
  * its socket) alive after evhttp's bufferevent_free. That free clears the
  * bufferevent's callbacks, which evhttp otherwise always has set: a reaper
  * timer, running while any connection is open, drops our reference to
- * those and so closes them, at most ADMIN_REAP_MS after evhttp let go.
- * (A filter bufferevent would announce its free, but evhttp then
- * shuts the socket before the filter's output has reached it.)
+ * those and so closes them, at most ADMIN_REAP_MS after evhttp let go, or
+ * ADMIN_REAP_SOON_MS after this module shut one. (A filter bufferevent
+ * would announce its free, but evhttp then shuts the socket before the
+ * filter's output has reached it.)
+ *
+ * evhttp makes the bufferevent before it sets its socket, so a connection
+ * is sorted into its room (admin_conn.h) a moment later: when the next one
+ * is accepted, when a request arrives, or on the same turn of the loop,
+ * whichever comes first - always before evhttp has read from it.
+ *
+ *   accepted ─▶ NEW ─sort─▶ ANY ◀─────────┐ at a request, once both
+ *                  │                      │ caps have room again
+ *                  └──────▶ PROBE ────────┘
+ *   refused, evicted, deadline: ─▶ GONE (holds no place) ─▶ reaped
  */
 #include "admin_conn.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -21,27 +36,61 @@
 #include <event2/event_struct.h>
 #include <event2/listener.h>
 
+#include "clock.h"
 #include "log.h"
 
 #define ADMIN_MAX_LISTENERS 8
 #define ADMIN_REAP_MS 200
+#define ADMIN_REAP_SOON_MS 5		/* evhttp lets go on the next turn */
+#define ADMIN_WARN_MS 10000		/* one warning about the caps per 10 s */
+
+enum aconn_state {
+	ACONN_NEW,			/* accepted; its socket not looked at */
+	ACONN_ANY,			/* a place under both caps */
+	ACONN_PROBE,			/* a place of the reserve */
+	ACONN_GONE,			/* shut by us: no place; reaped soon */
+};
+
+/* A client address, host part only (an IPv4-mapped IPv6 one as IPv4). */
+struct aconn_addr {
+	int family;			/* AF_INET, AF_INET6; AF_UNSPEC: unknown */
+	unsigned char host[16];
+};
 
 struct aconn {
 	struct admin_conns *owner;
 	struct bufferevent *bev;	/* ours and, until it frees it, evhttp's */
 	struct evbuffer_cb_entry *out_cb;
 	struct event deadline;		/* the request must be read by then */
-	struct aconn *prev, *next;
+	enum aconn_state state;
+	bool busy;			/* a request read, its answer not yet out */
+	struct aconn_addr addr;
+	struct aconn *prev, *next;	/* oldest first */
 };
 
 struct admin_conns {
 	struct evconnlistener *lev[ADMIN_MAX_LISTENERS];
 	int nlev;
 	int open;			/* connections not yet reaped */
-	bool paused;			/* listeners disabled at the cap */
+	int any, probe;			/* places taken in each room */
+	bool paused;			/* listeners disabled at ADMIN_MAX_OPEN */
+	bool reap_soon;			/* the reaper is due in REAP_SOON_MS */
+	uint64_t warned_ms;
 	struct event reaper;
-	struct aconn *conns;
+	struct event sort;		/* sorts the connection accepted last */
+	struct aconn *conns, *last;
 };
+
+/* At most one warning about the caps per ADMIN_WARN_MS. */
+static bool warn_due(struct admin_conns *ac)
+{
+	uint64_t now = clock_ms();
+
+	if (ac->warned_ms != 0 && now - ac->warned_ms < ADMIN_WARN_MS)
+		return false;
+	ac->warned_ms = now;
+	return true;
+}
 
 static void set_accepting(struct admin_conns *ac, bool on)
 {
@@ -54,31 +103,56 @@ static void set_accepting(struct admin_conns *ac, bool on)
 		else
 			evconnlistener_disable(ac->lev[i]);
 	}
-	if (!on)
-		log_warn("admin listener: %d connections open, not accepting "
-			 "more until one closes", ac->open);
+	if (!on && warn_due(ac))
+		log_warn("admin listener: %d connections open or closing, not "
+			 "accepting more until some are gone", ac->open);
 }
 
 static void arm(struct aconn *c)
 {
-	struct timeval tv = { ADMIN_REQUEST_MS / 1000,
-			      (ADMIN_REQUEST_MS % 1000) * 1000 };
+	struct timeval tv = clock_tv(c->state == ACONN_PROBE ? ADMIN_PROBE_MS :
+				     ADMIN_REQUEST_MS);
 
 	evtimer_add(&c->deadline, &tv);
 }
 
-/* Shut the socket: evhttp reads its end and frees the connection. */
+static void reap_soon(struct admin_conns *ac)
+{
+	struct timeval tv = clock_tv(ADMIN_REAP_SOON_MS);
+
+	if (ac->reap_soon)
+		return;
+	ac->reap_soon = true;
+	evtimer_add(&ac->reaper, &tv);
+}
+
+/* Give up c's place and shut its socket: evhttp reads its end and frees
+ * the connection, and the reaper closes it. */
+static void shut(struct aconn *c)
+{
+	struct admin_conns *ac = c->owner;
+	evutil_socket_t s = bufferevent_getfd(c->bev);
+
+	if (c->state == ACONN_ANY)
+		ac->any--;
+	else if (c->state == ACONN_PROBE)
+		ac->probe--;
+	c->state = ACONN_GONE;
+	event_del(&c->deadline);
+	if (s >= 0)
+		shutdown(s, SHUT_RDWR);
+	reap_soon(ac);
+}
+
 static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct aconn *c = arg;
-	evutil_socket_t s = bufferevent_getfd(c->bev);
 
 	(void)fd;
 	(void)what;
 	log_debug("admin listener: no whole request in %d ms; closing",
-		  ADMIN_REQUEST_MS);
-	if (s >= 0)
-		shutdown(s, SHUT_RDWR);
+		  c->state == ACONN_PROBE ? ADMIN_PROBE_MS : ADMIN_REQUEST_MS);
+	shut(c);
 }
 
 /* An answer going out gives the connection's next request (or the rest
@@ -86,15 +160,24 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 static void output_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info,
 		      void *arg)
 {
+	struct aconn *c = arg;
+
 	(void)buf;
-	if (info->n_added > 0)
-		arm(arg);
+	if (info->n_added == 0)
+		return;
+	c->busy = false;
+	if (c->state != ACONN_GONE)
+		arm(c);
 }
 
 static void reap(struct aconn *c)
 {
 	struct admin_conns *ac = c->owner;
 
+	if (c->state == ACONN_ANY)
+		ac->any--;
+	else if (c->state == ACONN_PROBE)
+		ac->probe--;
 	evbuffer_remove_cb_entry(bufferevent_get_output(c->bev), c->out_cb);
 	event_del(&c->deadline);
 	bufferevent_decref(c->bev);	/* the last reference: closes */
@@ -104,6 +187,8 @@ static void reap(struct aconn *c)
 		ac->conns = c->next;
 	if (c->next != NULL)
 		c->next->prev = c->prev;
+	else
+		ac->last = c->prev;
 	free(c);
 	ac->open--;
 }
@@ -118,30 +203,191 @@ static bool freed_by_evhttp(const struct aconn *c)
 	return r == NULL && w == NULL && e == NULL;
 }
 
-static void reaper_cb(evutil_socket_t fd, short what, void *arg)
+/* Drop our reference to the connections evhttp has let go of. Returns
+ * how many of those shut here it still holds. */
+static int reap_freed(struct admin_conns *ac)
 {
-	struct admin_conns *ac = arg;
 	struct aconn *next;
+	int gone = 0;
 
-	(void)fd;
-	(void)what;
 	for (struct aconn *c = ac->conns; c != NULL; c = next) {
 		next = c->next;
 		if (freed_by_evhttp(c))
 			reap(c);
+		else if (c->state == ACONN_GONE)
+			gone++;
 	}
-	if (ac->open < ADMIN_MAX_CONNS)
+	if (ac->open < ADMIN_MAX_OPEN)
 		set_accepting(ac, true);
-	if (ac->open == 0)
-		event_del(&ac->reaper);
+	return gone;
+}
+
+static void reaper_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct admin_conns *ac = arg;
+	struct timeval every = clock_tv(ADMIN_REAP_MS);
+
+	(void)fd;
+	(void)what;
+	ac->reap_soon = false;
+	if (reap_freed(ac) > 0)
+		reap_soon(ac);
+	else if (ac->open > 0)
+		evtimer_add(&ac->reaper, &every);
+}
+
+static void peer_of(struct aconn *c)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+
+	c->addr.family = AF_UNSPEC;
+	if (fd < 0 || getpeername(fd, (struct sockaddr *)&ss, &len) != 0)
+		return;
+	if (ss.ss_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+
+		c->addr.family = AF_INET;
+		memcpy(c->addr.host, &in->sin_addr, 4);
+	} else if (ss.ss_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 =
+			(const struct sockaddr_in6 *)&ss;
+
+		if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+			c->addr.family = AF_INET;
+			memcpy(c->addr.host, &in6->sin6_addr.s6_addr[12], 4);
+		} else {
+			c->addr.family = AF_INET6;
+			memcpy(c->addr.host, &in6->sin6_addr, 16);
+		}
+	}
+}
+
+static bool same_addr(const struct aconn_addr *a, const struct aconn_addr *b)
+{
+	return a->family == b->family &&
+	       memcmp(a->host, b->host, sizeof(a->host)) == 0;
+}
+
+/* The places connections from addr hold: in ANY only, or in both rooms. */
+static int held_by(const struct admin_conns *ac, const struct aconn_addr *addr,
+		   bool any_only)
+{
+	int n = 0;
+
+	for (const struct aconn *c = ac->conns; c != NULL; c = c->next) {
+		if ((c->state == ACONN_ANY ||
+		     (c->state == ACONN_PROBE && !any_only)) &&
+		    same_addr(&c->addr, addr))
+			n++;
+	}
+	return n;
+}
+
+/*
+ * The place of the reserve that newcomer may take when it is full: the
+ * oldest one not being answered, of the address that holds the most
+ * places - if that address holds at least as many as the newcomer's (a
+ * client that holds more may not push out another's probe). NULL: none.
+ */
+static struct aconn *pick_victim(const struct admin_conns *ac,
+				 const struct aconn *newcomer)
+{
+	struct aconn *best = NULL;
+	int best_n = -1;
+
+	for (struct aconn *c = ac->conns; c != NULL; c = c->next) {
+		int n;
+
+		if (c->state != ACONN_PROBE || c->busy)
+			continue;
+		n = held_by(ac, &c->addr, false);
+		if (n > best_n) {
+			best = c;
+			best_n = n;
+		}
+	}
+	return best_n >= held_by(ac, &newcomer->addr, false) ? best : NULL;
+}
+
+static void warn_full(struct admin_conns *ac, const struct aconn *c, int mine)
+{
+	char host[INET6_ADDRSTRLEN] = "an unknown address";
+
+	if (!warn_due(ac))
+		return;
+	if (c->addr.family != AF_UNSPEC)
+		inet_ntop(c->addr.family, c->addr.host, host, sizeof(host));
+	log_warn("admin listener: %d connections (at most %d), %d of them from "
+		 "%s (at most %d from one address): newer ones are answered "
+		 "for probes only", ac->any, ADMIN_MAX_CONNS, mine, host,
+		 ADMIN_MAX_PER_ADDR);
+}
+
+static void sort_one(struct aconn *c)
+{
+	struct admin_conns *ac = c->owner;
+	struct aconn *victim;
+	int mine;
+
+	peer_of(c);
+	mine = held_by(ac, &c->addr, true);
+	if (ac->any < ADMIN_MAX_CONNS && mine < ADMIN_MAX_PER_ADDR) {
+		c->state = ACONN_ANY;
+		ac->any++;
+		return;
+	}
+	warn_full(ac, c, mine);
+	if (ac->probe >= ADMIN_RESERVE) {
+		victim = pick_victim(ac, c);
+		if (victim == NULL) {
+			log_debug("admin listener: the reserve is full; closing a "
+				  "new connection");
+			shut(c);
+			return;
+		}
+		shut(victim);
+	}
+	c->state = ACONN_PROBE;
+	ac->probe++;
+	arm(c);
+}
+
+/* Sort the connections accepted since the last sort (at the end of the
+ * list): evhttp has given each its socket by now. Those evhttp has let
+ * go of are reaped first, so that the places are counted right. */
+static void sort_new(struct admin_conns *ac)
+{
+	struct aconn *c;
+
+	if (ac->last == NULL || ac->last->state != ACONN_NEW)
+		return;
+	reap_freed(ac);
+	c = ac->last;
+	while (c != NULL && c->prev != NULL && c->prev->state == ACONN_NEW)
+		c = c->prev;
+	for (; c != NULL; c = c->next) {
+		if (c->state == ACONN_NEW)
+			sort_one(c);
+	}
+}
+
+static void sort_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	sort_new(arg);
 }
 
 static struct bufferevent *conn_new(struct event_base *base, void *arg)
 {
 	struct admin_conns *ac = arg;
-	struct aconn *c = calloc(1, sizeof(*c));
-	struct timeval every = { 0, ADMIN_REAP_MS * 1000 };
+	struct aconn *c;
+	struct timeval every = clock_tv(ADMIN_REAP_MS);
 
+	sort_new(ac);
+	c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return NULL;	/* evhttp makes a plain one: served, uncounted */
 	c->bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
@@ -159,16 +405,21 @@ static struct bufferevent *conn_new(struct event_base *base, void *arg)
 	bufferevent_incref(c->bev);
 	bufferevent_setwatermark(c->bev, EV_READ, 0, ADMIN_READ_AHEAD);
 	c->owner = ac;
+	c->state = ACONN_NEW;
 	evtimer_assign(&c->deadline, base, deadline_cb, c);
 	arm(c);
-	c->next = ac->conns;
-	if (ac->conns != NULL)
-		ac->conns->prev = c;
-	ac->conns = c;
-	if (ac->open++ == 0)
-		event_add(&ac->reaper, &every);
-	if (ac->open >= ADMIN_MAX_CONNS)
+	c->prev = ac->last;
+	if (ac->last != NULL)
+		ac->last->next = c;
+	else
+		ac->conns = c;
+	ac->last = c;
+	ac->open++;
+	if (!evtimer_pending(&ac->reaper, NULL))
+		evtimer_add(&ac->reaper, &every);
+	if (ac->open >= ADMIN_MAX_OPEN)
 		set_accepting(ac, false);
+	event_active(&ac->sort, EV_TIMEOUT, 1);
 	return c->bev;
 }
 
@@ -179,7 +430,8 @@ struct admin_conns *admin_conns_new(struct event_base *base,
 
 	if (ac == NULL)
 		return NULL;
-	event_assign(&ac->reaper, base, -1, EV_PERSIST, reaper_cb, ac);
+	evtimer_assign(&ac->reaper, base, reaper_cb, ac);
+	event_assign(&ac->sort, base, -1, 0, sort_cb, ac);
 	evhttp_set_bevcb(http, conn_new, ac);
 	return ac;
 }
@@ -190,21 +442,32 @@ void admin_conns_listen(struct admin_conns *ac, struct evhttp_bound_socket *b)
 		ac->lev[ac->nlev++] = evhttp_bound_socket_get_listener(b);
 }
 
-void admin_conns_request_read(struct admin_conns *ac,
-			      struct evhttp_request *req)
+enum admin_room admin_conns_request_read(struct admin_conns *ac,
+					 struct evhttp_request *req)
 {
 	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
 	struct bufferevent *bev;
+	struct aconn *c;
 
 	if (evcon == NULL)
-		return;
+		return ADMIN_ROOM_ANY;
+	sort_new(ac);
 	bev = evhttp_connection_get_bufferevent(evcon);
-	for (struct aconn *c = ac->conns; c != NULL; c = c->next) {
-		if (c->bev == bev) {
-			event_del(&c->deadline);
-			return;
-		}
+	for (c = ac->conns; c != NULL && c->bev != bev; c = c->next)
+		;
+	if (c == NULL)
+		return ADMIN_ROOM_ANY;	/* made by evhttp: uncounted */
+	event_del(&c->deadline);
+	c->busy = true;
+	if (c->state == ACONN_PROBE)
+		reap_freed(ac);		/* counted right, before a move */
+	if (c->state == ACONN_PROBE && ac->any < ADMIN_MAX_CONNS &&
+	    held_by(ac, &c->addr, true) < ADMIN_MAX_PER_ADDR) {
+		ac->probe--;
+		ac->any++;
+		c->state = ACONN_ANY;
 	}
+	return c->state == ACONN_ANY ? ADMIN_ROOM_ANY : ADMIN_ROOM_PROBE;
 }
 
 void admin_conns_free(struct admin_conns *ac)
@@ -214,5 +477,6 @@ void admin_conns_free(struct admin_conns *ac)
 	while (ac->conns != NULL)
 		reap(ac->conns);
 	event_del(&ac->reaper);
+	event_del(&ac->sort);
 	free(ac);
 }
