@@ -28,7 +28,8 @@ static const char *const options[] = {
 	"log-level", "log-format", "client-timeout", "idle-timeout",
 	"max-header-size", "max-connections", "issued-key-ttl",
 	"memory-max-bytes", "max-buffered", "store-connections",
-	"response-cache",
+	"response-cache", "upstream-deadline", "release-statuses",
+	"unknown-outcome",
 };
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -39,6 +40,7 @@ union field {
 	int i;
 	bool b;
 	uint64_t u;
+	struct status_set st;
 };
 
 static bool same(const struct setting_syntax *syn, const union field *a,
@@ -56,6 +58,8 @@ static bool same(const struct setting_syntax *syn, const union field *a,
 	case SETTING_DURATION:
 	case SETTING_SIZE:
 		return a->u == b->u;
+	case SETTING_STATUSES:
+		return memcmp(&a->st, &b->st, sizeof(a->st)) == 0;
 	}
 	return false;
 }
