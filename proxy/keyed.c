@@ -301,7 +301,7 @@ static enum keyed_verdict identity(const struct keyed_head *h,
 				      OUTCOME_IDENTITY_INVALID, false,
 				      p->scope == SCOPE_TLS_SAN ?
 				      "this route scopes keys by the client "
-				      "certificate's first subject alternative "
+				      "certificate's first DNS, URI, email or IP "
 				      "name: connect with a verified certificate "
 				      "that has one" :
 				      "this route scopes keys by the client "
