@@ -20,7 +20,7 @@
  * load (PG_HOLD_SIBLINGS operations outstanding) the queue waits for the
  * batch in flight, for at most PG_HOLD_US, instead of leaving at once on
  * another connection as a small transaction of its own
- * (store_pg_pool.c, hold()).
+ * (store_pg_batch.c, hold()).
  *
  * Outcomes only after commit. A statement's result is held until the
  * PGRES_PIPELINE_SYNC of its batch, i.e. until ReadyForQuery arrived after
@@ -53,7 +53,7 @@
  * claim again, so a lost notification (listener reconnecting, a crash
  * between the two commits) costs at most that much latency.
  */
-#include "store_pg_priv.h"
+#include "store_pg.h"
 
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -63,10 +63,16 @@
 #include "clock.h"
 #include "log.h"
 #include "metrics.h"
-#include "siphash.h"
+#include "store_pg_batch.h"
+#include "store_pg_conn.h"
+#include "store_pg_outcome.h"
+#include "store_pg_parts.h"
+#include "store_pg_priv.h"
+#include "store_pg_schema.h"
 
 #define PG_LOCK_MIGRATE "7165310201"	/* advisory lock keys */
 #define PG_LOCK_SWEEP "7165310202"
+#define PG_SWEEP_BATCH 1000
 
 /*
  * A claim reads every partition: each btree scan it starts allocates a
@@ -93,7 +99,8 @@
  * plan_cache_mode in the setup). Without it an UPDATE starts on every
  * partition of the table. NULL (no hint: a row of an earlier version's
  * table) looks everywhere. The hint travels in the handle the engine gets
- * for a won claim: "<owner>@<hint>" (claim_result, take_handle).
+ * for a won claim: "<owner>@<hint>" (claim_result in store_pg_outcome.c,
+ * take_handle).
  */
 #define PART_SINCE(p) \
 	"part_at >= coalesce(timestamptz 'epoch' + " p "::bigint\n" \
@@ -341,360 +348,15 @@ static const char *const stmt_names[] = {
 	[PG_PURGE] = "idem_purge",
 };
 
-const char *pg_stmt_name(enum pg_kind kind)
+static const char *pg_stmt_name(enum pg_kind kind)
 {
 	return stmt_names[kind];
 }
 
-/*
- * Claim c won but nobody will execute it: give the key back in the
- * background, with c's owner token, for as long as its lease could hold
- * the key. A row c inserted is deleted. A record c took over (or that an
- * attempt of c before it wrote, maybe taking it over) was another
- * request's, which may have executed: it stays, its fingerprint bound
- * until it expires, and only its lease ends (an extension by 0 ms), so
- * that a retry takes over at once and another body gets 422.
- */
-static void give_back(const struct pg_op *c)
-{
-	struct pg_op *o = pg_op_alloc(c->local, c->took_over ? PG_EXTEND :
-					PG_RELEASE, &c->key, NULL, NULL);
-
-	if (o == NULL) {
-		log_error("key %s: out of memory; an abandoned claim stays until "
-			  "its lease ends", c->key.key);
-		return;
-	}
-	memcpy(o->owner, c->owner, sizeof(o->owner));
-	o->lease_ms = 0;
-	/* a release is kept on retries for its kind, the extension as an
-	 * abandoned claim is (retry_op); both go at their deadline */
-	o->abandoned = c->took_over;
-	o->deadline_ms = clock_ms() + c->lease_ms;
-	pg_enqueue(o, false);
-}
-
-/*
- * Make claim o abandoned: nobody will execute it, but it was sent and may
- * have committed (or may still: a statement that timed out on our side
- * can commit on the server later - a phantom claim). It goes on in the
- * background, alone in its batch, until its outcome is known: claimed
- * again with its own owner token - the INSERT waits on the key's index
- * entry for a transaction still in progress, which a DELETE would not see -
- * and released if won. Gone when its lease would have ended anyway.
- */
-static void abandon(struct pg_op *o)
-{
-	o->cb = NULL;
-	o->abandoned = true;
-	o->solo = true;
-	o->deadline_ms = clock_ms() + o->lease_ms;
-}
-
-/* A copy of claim o, abandoned and queued (o itself reports to its
- * caller). */
-static void abandon_copy(const struct pg_op *o)
-{
-	struct pg_op *a = pg_op_alloc(o->local, PG_CLAIM, &o->key, NULL, NULL);
-
-	if (a == NULL) {
-		log_error("key %s: out of memory; a claim whose outcome is "
-			  "unknown stays until its lease ends", o->key.key);
-		return;
-	}
-	memcpy(a->fp, o->fp, FP_LEN);
-	memcpy(a->owner, o->owner, sizeof(a->owner));
-	a->lease_ms = o->lease_ms;
-	a->ttl_ms = o->ttl_ms;
-	a->takeover = o->takeover;
-	a->sent = true;
-	abandon(a);
-	pg_enqueue(a, false);
-}
-
-/*
- * The operation's deadline passed with its outcome unknown or unsent:
- * report STORE_ERROR; a claim that was sent goes on abandoned. An
- * abandoned claim past its deadline is simply dropped: its lease is over.
- */
-void pg_give_up(struct pg_op *o)
-{
-	if (o->kind == PG_SWEEP)
-		o->local->sweeping = false;
-	if (o->abandoned) {
-		pg_op_free(o);
-		return;
-	}
-	if (o->kind == PG_CLAIM && o->sent)
-		abandon_copy(o);
-	metrics_store_error(STORE_KIND_POSTGRES);
-	pg_op_finish(o, STORE_ERROR);
-}
-
-static void get_text(const PGresult *r, int row, int col, char *out, size_t cap);
-
-/* Read a binary int8 column. */
-static uint64_t get_int8(const PGresult *r, int row, int col)
-{
-	const unsigned char *p = (const unsigned char *)PQgetvalue(r, row, col);
-	uint64_t v = 0;
-
-	for (int i = 0; i < 8; i++)
-		v = v << 8 | p[i];
-	return v;
-}
-
-/* Read a binary int4 column. */
-static int get_int4(const PGresult *r, int row, int col)
-{
-	uint32_t v;
-
-	memcpy(&v, PQgetvalue(r, row, col), 4);
-	return (int)ntohl(v);
-}
-
-/*
- * A claim found the record's outcome unknown (or, lapsed, made it so): the
- * problem to replay - the row's own when its owner wrote one, else the
- * one for an owner that stopped extending its lease - and the owner's
- * handle, which resolves it.
- */
-static void unknown_result(struct pg_op *o, const PGresult *r, bool lapsed)
-{
-	char owner[STORE_OWNER_LEN + 1];
-
-	if (!PQgetisnull(r, 0, 4)) {
-		o->res.resp = stored_response_new(get_int4(r, 0, 2),
-			PQgetvalue(r, 0, 3), (size_t)PQgetlength(r, 0, 3),
-			PQgetvalue(r, 0, 4), (size_t)PQgetlength(r, 0, 4), true);
-		if (o->res.resp != NULL)
-			o->res.resp->unknown = true;
-	} else {
-		o->res.resp = stored_response_unknown(NULL);
-	}
-	get_text(r, 0, 7, owner, sizeof(owner));
-	if (PQgetisnull(r, 0, 6))
-		memcpy(o->res.owner, owner, sizeof(owner));
-	else
-		snprintf(o->res.owner, sizeof(o->res.owner), "%s@%lld", owner,
-			 (long long)get_int8(r, 0, 6));
-	if (!PQgetisnull(r, 0, 5) && PQgetlength(r, 0, 5) == 8)
-		o->res.ttl_left_ms = get_int8(r, 0, 5);
-	o->res.lapsed = lapsed;
-	pg_op_finish(o, o->res.resp != NULL && owner[0] != '\0' ?
-			STORE_UNKNOWN : STORE_ERROR);
-}
-
-/* A committed claim's row: won, or the existing record. */
-static void claim_result(struct pg_op *o, const PGresult *r)
-{
-	const char *state;
-	int slen;
-
-	if (PQntuples(r) == 0) {
-		/* the record changed under the statement: claim again */
-		if (++o->changed >= PG_CLAIM_RETRIES) {
-			pg_op_finish(o, STORE_ERROR);
-			return;
-		}
-		pg_enqueue(o, true);
-		return;
-	}
-	state = PQgetvalue(r, 0, 0);
-	slen = PQgetlength(r, 0, 0);
-	if (slen == 3 && memcmp(state, "won", 3) == 0) {
-		if (PQgetisnull(r, 0, 6))
-			memcpy(o->res.owner, o->owner, sizeof(o->owner));
-		else
-			snprintf(o->res.owner, sizeof(o->res.owner), "%s@%lld",
-				 o->owner, (long long)get_int8(r, 0, 6));
-		/* the function's fingerprint: NULL for a row it inserted */
-		o->took_over = !PQgetisnull(r, 0, 1);
-		if (o->cb == NULL) {
-			/* abandoned: nobody will execute it; give the key back
-			 * now rather than leave it stuck for a lease */
-			give_back(o);
-			pg_op_free(o);
-			return;
-		}
-		pg_op_finish(o, STORE_WON);
-		return;
-	}
-	if (PQgetlength(r, 0, 1) != FP_LEN ||
-	    memcmp(PQgetvalue(r, 0, 1), o->fp, FP_LEN) != 0) {
-		pg_op_finish(o, STORE_MISMATCH);
-		return;
-	}
-	if ((slen == 6 && memcmp(state, "lapsed", 6) == 0) ||
-	    (slen == 7 && memcmp(state, "unknown", 7) == 0)) {
-		unknown_result(o, r, slen == 6);
-		return;
-	}
-	if (slen == 9 && memcmp(state, "completed", 9) == 0) {
-		bool stored = !PQgetisnull(r, 0, 4);
-
-		o->res.resp = stored_response_new(get_int4(r, 0, 2),
-			PQgetvalue(r, 0, 3), (size_t)PQgetlength(r, 0, 3),
-			stored ? PQgetvalue(r, 0, 4) : "",
-			stored ? (size_t)PQgetlength(r, 0, 4) : 0, stored);
-		if (!PQgetisnull(r, 0, 5) && PQgetlength(r, 0, 5) == 8)
-			o->res.ttl_left_ms = get_int8(r, 0, 5);
-		pg_op_finish(o, o->res.resp != NULL ? STORE_COMPLETED : STORE_ERROR);
-		return;
-	}
-	pg_op_finish(o, STORE_IN_FLIGHT);
-}
-
-/* Copy a binary text or bytea column into out[cap] (NUL-terminated). */
-static void get_text(const PGresult *r, int row, int col, char *out, size_t cap)
-{
-	size_t n = (size_t)PQgetlength(r, row, col);
-
-	if (PQgetisnull(r, row, col) || n >= cap)
-		n = 0;
-	memcpy(out, PQgetvalue(r, row, col), n);
-	out[n] = '\0';
-}
-
-static int64_t get_ms(const PGresult *r, int row, int col)
-{
-	return PQgetisnull(r, row, col) ? 0 : (int64_t)get_int8(r, row, col);
-}
-
-/* A committed inspect: the record, and its stored response if asked. */
-static void inspect_result(struct pg_op *o, const PGresult *r)
-{
-	struct store_record *rec = &o->res.rec;
-	char state[16];
-
-	if (PQntuples(r) != 1) {
-		pg_op_finish(o, STORE_ABSENT);
-		return;
-	}
-	get_text(r, 0, 0, state, sizeof(state));
-	rec->found = STORE_IN_POSTGRES;
-	rec->unknown = strcmp(state, "unknown") == 0;
-	rec->completed = rec->unknown || strcmp(state, "completed") == 0;
-	if (PQgetlength(r, 0, 1) == FP_LEN)
-		memcpy(rec->fp, PQgetvalue(r, 0, 1), FP_LEN);
-	if (!rec->completed)
-		get_text(r, 0, 2, rec->owner, sizeof(rec->owner));
-	if (!PQgetisnull(r, 0, 3))
-		rec->status = get_int4(r, 0, 3);
-	rec->head_len = (size_t)get_ms(r, 0, 4);
-	rec->body_len = (size_t)get_ms(r, 0, 5);
-	rec->body_stored = *PQgetvalue(r, 0, 6) != 0;
-	rec->created_ms = get_ms(r, 0, 7);
-	rec->expires_ms = get_ms(r, 0, 8);
-	rec->lease_until_ms = get_ms(r, 0, 9);
-	if (o->body && rec->completed) {
-		bool stored = !PQgetisnull(r, 0, 11);
-
-		if (rec->unknown && !stored)
-			o->res.resp = stored_response_unknown(NULL);
-		else
-			o->res.resp = stored_response_new(rec->status,
-				PQgetvalue(r, 0, 10), (size_t)PQgetlength(r, 0, 10),
-				stored ? PQgetvalue(r, 0, 11) : "",
-				stored ? (size_t)PQgetlength(r, 0, 11) : 0, stored);
-		if (o->res.resp != NULL)
-			o->res.resp->unknown = rec->unknown;
-		if (o->res.resp == NULL) {
-			pg_op_finish(o, STORE_ERROR);
-			return;
-		}
-	}
-	pg_op_finish(o, STORE_OK);
-}
-
-/* A committed purge: what the deleted record was. */
-static void purge_result(struct pg_op *o, const PGresult *r)
-{
-	struct store_record *rec = &o->res.rec;
-	char state[16];
-
-	if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
-		pg_op_finish(o, STORE_ABSENT);
-		return;
-	}
-	get_text(r, 0, 0, state, sizeof(state));
-	rec->found = STORE_IN_POSTGRES;
-	rec->unknown = strcmp(state, "unknown") == 0;
-	rec->completed = rec->unknown || strcmp(state, "completed") == 0;
-	if (PQgetlength(r, 0, 1) == FP_LEN)
-		memcpy(rec->fp, PQgetvalue(r, 0, 1), FP_LEN);
-	if (!rec->completed)
-		get_text(r, 0, 2, rec->owner, sizeof(rec->owner));
-	if (!PQgetisnull(r, 0, 3))
-		rec->status = get_int4(r, 0, 3);
-	if (!PQgetisnull(r, 0, 4) && get_ms(r, 0, 4) > 0)
-		o->res.ttl_left_ms = (uint64_t)get_ms(r, 0, 4);
-	pg_op_finish(o, STORE_OK);
-}
-
-/* The batch of o committed: its statement's result is now its outcome. */
-void pg_op_committed(struct pg_op *o)
-{
-	const PGresult *r = o->result;
-
-	switch (o->kind) {
-	case PG_CLAIM:
-		claim_result(o, r);
-		return;
-	case PG_COMPLETE:
-	case PG_EXTEND:
-		/* 'completed' / 'extended', NULL when not ours */
-		pg_op_finish(o, !PQgetisnull(r, 0, 0) ? STORE_OK : STORE_FENCED);
-		return;
-	case PG_RELEASE:
-		/* a re-send that found nothing after an attempt whose commit
-		 * was not acknowledged: that attempt released it (this commit
-		 * confirmed it) */
-		pg_op_finish(o, !PQgetisnull(r, 0, 0) ||
-				(o->unacked != NULL &&
-				 !PQgetisnull(o->unacked, 0, 0)) ?
-				STORE_OK : STORE_FENCED);
-		return;
-	case PG_SWEEP:
-		o->local->sweeping = false;
-		if (PQntuples(r) == 1) {
-			/* rows deleted, and how late the oldest of them was */
-			metrics_count_n(COUNTER_sweep_deleted_total,
-					strtoul(PQgetvalue(r, 0, 0), NULL, 10));
-			metrics_gauge_set(GAUGE_sweep_lag_seconds,
-					  strtol(PQgetvalue(r, 0, 1), NULL, 10));
-		}
-		pg_op_finish(o, STORE_OK);
-		return;
-	case PG_INSPECT:
-		inspect_result(o, r);
-		return;
-	case PG_PURGE:
-		/* as for release: what the unacknowledged attempt deleted */
-		purge_result(o, PQgetisnull(r, 0, 0) && o->unacked != NULL ?
-				o->unacked : r);
-		return;
-	case PG_WATCH:
-		break;
-	}
-	pg_op_finish(o, STORE_ERROR);
-}
-
-int64_t pg_lock_id(const struct store_key *k)
-{
-	static const char lock_key[] = "idemproxy-lock-1";	/* 16 bytes */
-	char buf[sizeof(k->scope) + sizeof(k->key)];
-	size_t a = strlen(k->scope), b = strlen(k->key);
-
-	memcpy(buf, k->scope, a);
-	buf[a] = '\0';
-	memcpy(buf + a + 1, k->key, b);
-	return (int64_t)siphash24((const uint8_t *)lock_key, buf, a + 1 + b);
-}
 
 /* Queue o's statement in the pipeline. Text parameters except the binary
  * ones (fingerprint, headers, body); results in binary. */
-int pg_send_op(struct pg_conn *c, struct pg_op *o)
+static int pg_send_op(struct pg_conn *c, struct pg_op *o)
 {
 	char lease[24], ttl[24], status[16], batch[16], lock[24];
 	const char *v[9];
@@ -780,7 +442,7 @@ static bool watched(const struct pg_op *o)
 	       PQgetlength(r, 0, 1) == 1 && *PQgetvalue(r, 0, 1) == 1;
 }
 
-int pg_send_wake(struct pg_conn *c)
+static int pg_send_wake(struct pg_conn *c)
 {
 	struct pg_op *o;
 	size_t size = 3;		/* {} and the NUL */
@@ -955,7 +617,7 @@ static void pg_cancel(struct store_op *op)
 	case OP_QUEUED:
 		TAILQ_REMOVE(&o->local->queue, o, link);
 		if (o->kind == PG_CLAIM && o->sent) {
-			abandon(o);
+			pg_abandon(o);
 			pg_enqueue(o, true);
 			return;
 		}
@@ -968,12 +630,12 @@ static void pg_cancel(struct store_op *op)
 	case OP_RUNNING:
 		/* on the wire: forget the caller; its batch decides */
 		if (o->kind == PG_CLAIM)
-			abandon(o);
+			pg_abandon(o);
 		o->cb = NULL;
 		return;
 	case OP_DELIVERING:
 		if (o->kind == PG_CLAIM && o->res.status == STORE_WON)
-			give_back(o);
+			pg_give_back(o);
 		pg_op_free(o);	/* event_free drops the pending activation */
 		return;
 	case OP_NEW:
@@ -1062,6 +724,15 @@ static void pg_free(struct store *st)
 	free(s);
 }
 
+/* What the pools (store_pg_batch.c) ask of an operation. */
+static const struct pg_meaning pg_meaning_table = {
+	.name = pg_stmt_name,
+	.send = pg_send_op,
+	.wake = pg_send_wake,
+	.committed = pg_op_committed,
+	.give_up = pg_give_up,
+};
+
 static const struct store_ops pg_ops_table = {
 	.name = "postgres",
 	.claim = pg_claim,
@@ -1096,6 +767,7 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 	if (s == NULL)
 		return NULL;
 	s->base.ops = &pg_ops_table;
+	s->meaning = &pg_meaning_table;
 	s->conns_per_thread = conns_per_thread > 0 ? conns_per_thread : 2;
 	s->part_width_ms = pg_part_width(ttl_ms);
 	s->conninfo = strdup(conninfo);
@@ -1127,7 +799,7 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 		     /* see PG_MALLOC_PAD */
 		     "SELECT length(repeat('x', " PG_MALLOC_PAD "));\n"
 		     /* may a failover lose what this store acknowledged?
-		      * (check_replication, store_pg_pool.c) */
+		      * (check_replication, store_pg_conn.c) */
 		     "SELECT (SELECT count(*) FROM pg_stat_replication)"
 		     " AS " PG_REPLICATION_COLUMN ","
 		     " current_setting('synchronous_standby_names'),"

@@ -17,32 +17,13 @@
 
 #include "compiler.h"
 #include "store.h"
+#include "store_pg_notify.h"
 
 /* conninfo: a postgres:// URL or key=value string (libpq's);
  * conns_per_thread: statement connections per thread, opened on demand. */
 struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 			   uint64_t ttl_ms);
 
-/*
- * What a listener connection saw, for a cache that must stay coherent:
- * every notification on the "idemproxy" channel (payload "<scope>:<key>":
- * the record was completed, released or purged), and each listener going
- * up or down (while one is down, notifications can be missed). Once, at
- * most: a pooler shares the sessions, so any notification can be missed
- * from now on, whatever the listeners say.
- */
-enum store_pg_event {
-	STORE_PG_NOTIFY,
-	STORE_PG_LISTEN_UP,
-	STORE_PG_LISTEN_DOWN,
-	STORE_PG_SHARED,
-};
-
-/* Called on the listener's thread (STORE_PG_SHARED: any loop's); payload
- * only for STORE_PG_NOTIFY. Set
- * before any thread_init: each thread then LISTENs from the start. */
-typedef void (*store_pg_notify_fn)(void *arg, enum store_pg_event ev,
-				   const char *payload);
 void store_pg_on_notify(struct store *s, store_pg_notify_fn fn, void *arg);
 
 /*
@@ -54,9 +35,8 @@ void store_pg_on_notify(struct store *s, store_pg_notify_fn fn, void *arg);
 int store_pg_migrate(const char *conninfo, uint64_t ttl_ms, char *err,
 		     size_t errlen) MUSTCHECK;
 
-/* The SQL the store issues, for docs and benchmarks (pgbench). The schema
- * is malloc'ed (the caller frees it), NULL without memory. */
-char *store_pg_schema_sql(void);
+/* The SQL the store issues, for docs and benchmarks (pgbench); the
+ * schema's is store_pg_schema_sql() (store_pg_schema.h). */
 extern const char store_pg_claim_sql[];
 extern const char store_pg_complete_sql[];
 

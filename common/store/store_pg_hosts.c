@@ -57,7 +57,7 @@ static bool wants_primary(const char *tsa)
  * in seconds, not after the kernel's two hours of TCP keepalive. Idle
  * 5 s, then a probe every 2 s, 3 unanswered: down after 11 s; data sent
  * and not acknowledged for 10 s: down (tcp_user_timeout, Linux). The
- * listener also probes itself every second (store_pg_pool.c).
+ * listener also probes itself every second (store_pg_conn.c).
  */
 static const char *const defaults[][2] = {
 	{ "target_session_attrs", "read-write" },

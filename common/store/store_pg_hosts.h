@@ -6,7 +6,7 @@
  * or "postgresql://pg1,pg2,pg3/db"). libpq's asynchronous connect walks
  * those hosts one after the other and applies no connect_timeout per host
  * (the application must), so one frozen host - its kernel accepts TCP,
- * nothing answers - stalls the whole walk. The pool (store_pg_pool.c)
+ * nothing answers - stalls the whole walk. The pool (store_pg_conn.c)
  * instead connects to every host at once, each with its own deadline, and
  * keeps the first that accepts writes.
  *

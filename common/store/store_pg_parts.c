@@ -26,7 +26,7 @@
  * instance takes over when that one is gone. A detach cut by a crash is
  * finished (FINALIZE) by the next plan.
  */
-#include "store_pg_priv.h"
+#include "store_pg_parts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +35,8 @@
 #include "clock.h"
 #include "log.h"
 #include "metrics.h"
+#include "store_pg_conn.h"
+#include "store_pg_priv.h"
 
 #define PARTS_TICK_MIN_MS 500
 #define PARTS_TICK_MAX_MS 10000
@@ -87,7 +89,7 @@ static void pp_arm(struct pg_parts *p, short what)
 
 static void pp_close(struct pg_parts *p)
 {
-	pg_close_conn(&p->pg, &p->io);
+	pg_conn_shut(&p->pg, &p->io);
 	p->state = PP_DOWN;
 }
 

@@ -27,8 +27,10 @@
  * advisory lock; one that still finds things created meanwhile swallows
  * the duplicate error.
  */
-#include "store_pg_priv.h"
+#include "store_pg_schema.h"
 
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
