@@ -39,8 +39,10 @@
  *
  * Who does what: conn.c is the connection (state machine, lifecycle, socket
  * callbacks, parsing); conn_pass.c streams a pass-through exchange;
- * conn_keyed.c is the keyed side; h1.c collects heads and frames
- * chunks for both sides; reqhead.c writes the upstream request head;
+ * conn_keyed.c is the keyed side; conn_tls.c the TLS side (conn.c calls
+ * the three; they reach conn.c only through c->ops, conn_ops_table);
+ * h1.c collects heads and frames chunks for both sides; reqhead.c writes
+ * the upstream request head;
  * reply.c writes every response the proxy makes itself; keyed.c prepares
  * keyed requests; issue.c mints and checks issued keys.
  */
@@ -64,6 +66,9 @@
 
 #include "clock.h"
 #include "config.h"
+#include "conn_keyed.h"
+#include "conn_pass.h"
+#include "conn_tls.h"
 #include "h1.h"
 #include "httphdr.h"
 #include "idem.h"
@@ -76,6 +81,44 @@
 #include "tls.h"
 #include "upstream.h"
 #include "loop.h"
+
+static const char *const state_names[] = {
+	"idle", "read_head", "decide", "body", "claim", "forward", "respond",
+	"settle", "closing", "linger", "closed",
+};
+
+/* The machinery the helpers reach through c->ops (conn_ops_table). */
+static void conn_set_state(struct conn *c, enum conn_state next);
+static void conn_read_timeout(struct conn *c, uint64_t ms);
+static struct reply_conn conn_reply_conn(const struct conn *c);
+static void conn_answer(struct conn *c, enum problem p, const char *detail,
+			enum outcome o, bool close);
+static bool conn_upstream_error(struct conn *c, enum upstream_error err);
+static bool conn_exchange_problem(struct conn *c, enum problem p,
+				  const char *detail);
+static void conn_end_request(struct conn *c);
+static void conn_close(struct conn *c, const char *reason);
+static int conn_feed_parser(struct conn *c);
+static void conn_read_on(struct conn *c);
+static void conn_client_head(struct conn *c, const struct upstream_resp *r);
+static bool conn_client_body(struct conn *c, struct evbuffer *src, size_t len);
+static void conn_client_done(struct conn *c);
+
+static const struct conn_ops conn_ops_table = {
+	.set_state = conn_set_state,
+	.read_timeout = conn_read_timeout,
+	.reply_conn = conn_reply_conn,
+	.answer = conn_answer,
+	.upstream_error = conn_upstream_error,
+	.exchange_problem = conn_exchange_problem,
+	.end_request = conn_end_request,
+	.close = conn_close,
+	.feed_parser = conn_feed_parser,
+	.read_on = conn_read_on,
+	.client_head = conn_client_head,
+	.client_body = conn_client_body,
+	.client_done = conn_client_done,
+};
 
 static void conn_parse(struct conn *c);
 
@@ -97,7 +140,7 @@ static const char *conn_flags_str(unsigned flags, char *buf, size_t len)
  * All state changes go through here. The table lists what may follow what;
  * anything else is a bug in this file.
  */
-void conn_set_state(struct conn *c, enum conn_state next)
+static void conn_set_state(struct conn *c, enum conn_state next)
 {
 	static const unsigned legal[] = {
 		[CONN_ST_IDLE] = 1u << CONN_ST_READ_HEAD | 1u << CONN_ST_RESPOND |
@@ -127,7 +170,7 @@ void conn_set_state(struct conn *c, enum conn_state next)
 	c->state = next;
 }
 
-void conn_read_timeout(struct conn *c, uint64_t ms)
+static void conn_read_timeout(struct conn *c, uint64_t ms)
 {
 	struct timeval rd = clock_tv(ms);
 	struct timeval wr = clock_tv(c->loop->cfg->idle_timeout_ms);
@@ -140,7 +183,7 @@ void conn_read_timeout(struct conn *c, uint64_t ms)
 }
 
 /* How the connection goes on after the response being written. */
-struct reply_conn conn_reply_conn(const struct conn *c)
+static struct reply_conn conn_reply_conn(const struct conn *c)
 {
 	struct reply_conn rc = { cf_has(c, CF(CLOSE_AFTER)), c->http_minor == 0 };
 
@@ -185,8 +228,8 @@ static void respond_problem(struct conn *c, enum problem p, const char *detail,
 }
 
 /* Answer with a problem and count the request's outcome. */
-void conn_answer(struct conn *c, enum problem p, const char *detail,
-		   enum outcome o, bool close)
+static void conn_answer(struct conn *c, enum problem p, const char *detail,
+			enum outcome o, bool close)
 {
 	c->outcome = o;
 	respond_problem(c, p, detail, close);
@@ -203,7 +246,7 @@ static void refuse(struct conn *c, enum problem p, enum client_error e,
 }
 
 /* 502 or 504 for a failed exchange; false when the connection was cut. */
-bool conn_upstream_error(struct conn *c, enum upstream_error err)
+static bool conn_upstream_error(struct conn *c, enum upstream_error err)
 {
 	const char *detail;
 	enum problem p = problem_upstream(err, &detail);
@@ -213,7 +256,8 @@ bool conn_upstream_error(struct conn *c, enum upstream_error err)
 
 /* The engine's answer to a keyed exchange that failed or is late (502,
  * 504); false when the connection was cut. */
-bool conn_exchange_problem(struct conn *c, enum problem p, const char *detail)
+static bool conn_exchange_problem(struct conn *c, enum problem p,
+				  const char *detail)
 {
 	return write_problem(c, p, detail, false);
 }
@@ -221,7 +265,7 @@ bool conn_exchange_problem(struct conn *c, enum problem p, const char *detail)
 /* ---- reading --------------------------------------------------------- */
 
 /* Read from the client again (after a pause, or for the next request). */
-void conn_read_on(struct conn *c)
+static void conn_read_on(struct conn *c)
 {
 	if (!(bufferevent_get_enabled(c->bev) & EV_READ))
 		bufferevent_enable(c->bev, EV_READ);
@@ -296,7 +340,7 @@ static void drop_mode(struct conn *c)
  * the next loop turn, after every callback that might still look at it has
  * returned.
  */
-void conn_close(struct conn *c, const char *reason)
+static void conn_close(struct conn *c, const char *reason)
 {
 	char flags[160];
 
@@ -373,7 +417,7 @@ static void reset_request(struct conn *c)
  * answered by the proxy. Count it, then either wait for the next request or
  * close.
  */
-void conn_end_request(struct conn *c)
+static void conn_end_request(struct conn *c)
 {
 	bool close = cf_has(c, CF(CLOSE_AFTER)) || cf_has(c, CF(CLIENT_EOF)) ||
 		     c->draining;
@@ -533,7 +577,7 @@ static void parse_failed(struct conn *c)
  * chunked body), fails, or the input runs out. Returns 1 when paused, 0 when
  * more input is needed, -1 after answering a parse error.
  */
-int conn_feed_parser(struct conn *c)
+static int conn_feed_parser(struct conn *c)
 {
 	struct evbuffer *in = bufferevent_get_input(c->bev);
 
@@ -671,7 +715,7 @@ static void conn_parse(struct conn *c)
 /* ---- the client side of a response from the upstream ------------------- */
 
 /* Write a response head (interim or final) from the upstream. */
-void conn_client_head(struct conn *c, const struct upstream_resp *r)
+static void conn_client_head(struct conn *c, const struct upstream_resp *r)
 {
 	bool interim = r->status < 200;
 	bool keep_cl = c->method == HTTP_HEAD || r->status == 304;
@@ -695,7 +739,7 @@ void conn_client_head(struct conn *c, const struct upstream_resp *r)
 
 /* Move len body bytes to the client. Returns true when its output is
  * full and the upstream should stop reading. */
-bool conn_client_body(struct conn *c, struct evbuffer *src, size_t len)
+static bool conn_client_body(struct conn *c, struct evbuffer *src, size_t len)
 {
 	struct evbuffer *out = bufferevent_get_output(c->bev);
 
@@ -706,7 +750,7 @@ bool conn_client_body(struct conn *c, struct evbuffer *src, size_t len)
 	return evbuffer_get_length(out) > CONN_HIGH;
 }
 
-void conn_client_done(struct conn *c)
+static void conn_client_done(struct conn *c)
 {
 	if (cf_has(c, CF(RESP_CHUNKED)))
 		h1_last_chunk(bufferevent_get_output(c->bev));
@@ -919,6 +963,7 @@ struct conn *conn_new(struct conn_loop *l, evutil_socket_t fd,
 
 	if (c == NULL)
 		goto fail;
+	c->ops = &conn_ops_table;
 	c->loop = l;
 	c->method = -1;
 	c->read_timeout_ms = RT_UNSET;

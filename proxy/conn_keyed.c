@@ -3,7 +3,7 @@
  * policy asks for, buffering its body, handing it to the engine, and the
  * engine's client side (the sink); and issuing keys.
  *
- *   DECIDE ──no policy, or PASS──▶ conn_forward() (pass-through)
+ *   DECIDE ──no policy, or PASS──▶ conn_pass_forward() (pass-through)
  *     │ ANSWER: 400/413
  *     ▼ BUFFER
  *   BODY ──body complete──▶ CLAIM: keyed_prepare() ──▶ idem_start()
@@ -13,6 +13,7 @@
  *                                                       │ done: SETTLE until
  *                                                       ▼ the outcome is written
  */
+#include "conn_keyed.h"
 #include "conn_priv.h"
 
 #include <stdio.h>
@@ -25,6 +26,7 @@
 
 #include "clock.h"
 #include "config.h"
+#include "conn_pass.h"
 #include "idem.h"
 #include "issue.h"
 #include "log.h"
@@ -52,10 +54,10 @@ static void sink_replay(void *client, struct stored_response *r)
 	if (!cf_has(c, CF(KEEP_ALIVE)) || c->draining)
 		cf_set(c, CF(CLOSE_AFTER));
 	reply_replay(bufferevent_get_output(c->bev), r, c->method == HTTP_HEAD,
-		     conn_reply_conn(c));
+		     c->ops->reply_conn(c));
 	cf_set(c, CF(RESP_STARTED));
-	conn_set_state(c, CONN_ST_RESPOND);
-	conn_end_request(c);
+	c->ops->set_state(c, CONN_ST_RESPOND);
+	c->ops->end_request(c);
 }
 
 static void sink_problem(void *client, enum problem p, const char *detail,
@@ -64,7 +66,7 @@ static void sink_problem(void *client, enum problem p, const char *detail,
 	struct conn *c = client;
 
 	engine_let_go(c);
-	conn_answer(c, p, detail, o, false);
+	c->ops->answer(c, p, detail, o, false);
 }
 
 static void sink_forwarding(void *client, enum outcome o)
@@ -72,17 +74,21 @@ static void sink_forwarding(void *client, enum outcome o)
 	struct conn *c = client;
 
 	c->outcome = o;
-	conn_set_state(c, CONN_ST_FORWARD);
+	c->ops->set_state(c, CONN_ST_FORWARD);
 }
 
 static void sink_head(void *client, const struct upstream_resp *r)
 {
-	conn_client_head(client, r);
+	struct conn *c = client;
+
+	c->ops->client_head(c, r);
 }
 
 static bool sink_body(void *client, struct evbuffer *src, size_t len)
 {
-	return conn_client_body(client, src, len);
+	struct conn *c = client;
+
+	return c->ops->client_body(c, src, len);
 }
 
 /*
@@ -95,17 +101,17 @@ static bool sink_body(void *client, struct evbuffer *src, size_t len)
 static void hold_for_settle(struct conn *c)
 {
 	if (cf_has(c, CF(CLOSE_AFTER)) || cf_has(c, CF(CLIENT_EOF)) || c->draining) {
-		conn_end_request(c);		/* nothing more will be read */
+		c->ops->end_request(c);		/* nothing more will be read */
 		return;
 	}
-	conn_set_state(c, CONN_ST_SETTLE);
+	c->ops->set_state(c, CONN_ST_SETTLE);
 }
 
 static void sink_done(void *client)
 {
 	struct conn *c = client;
 
-	conn_client_done(c);
+	c->ops->client_done(c);
 	hold_for_settle(c);
 }
 
@@ -113,7 +119,7 @@ static void sink_failed(void *client, enum problem p, const char *detail)
 {
 	struct conn *c = client;
 
-	if (conn_exchange_problem(c, p, detail))
+	if (c->ops->exchange_problem(c, p, detail))
 		hold_for_settle(c);
 }
 
@@ -123,7 +129,7 @@ static void sink_settled(void *client)
 
 	engine_let_go(c);
 	if (c->state == CONN_ST_SETTLE)
-		conn_end_request(c);
+		c->ops->end_request(c);
 }
 
 static const struct idem_sink conn_sink = {
@@ -146,7 +152,7 @@ static void on_issued(void *arg, const struct store_result *res)
 	c->issue_op = NULL;
 	c->mode = CONN_MODE_NONE;
 	if (res->status != STORE_WON) {
-		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
+		c->ops->answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
 		       OUTCOME_STORE_UNAVAILABLE, false);
 		return;
 	}
@@ -156,10 +162,11 @@ static void on_issued(void *arg, const struct store_result *res)
 	if (!cf_has(c, CF(KEEP_ALIVE)) || !cf_has(c, CF(REQ_DONE)) ||
 	    c->draining)
 		cf_set(c, CF(CLOSE_AFTER));
-	reply_issued_key(bufferevent_get_output(c->bev), c->key.key, conn_reply_conn(c));
+	reply_issued_key(bufferevent_get_output(c->bev), c->key.key,
+			 c->ops->reply_conn(c));
 	cf_set(c, CF(RESP_STARTED));
-	conn_set_state(c, CONN_ST_RESPOND);
-	conn_end_request(c);
+	c->ops->set_state(c, CONN_ST_RESPOND);
+	c->ops->end_request(c);
 }
 
 /* GET /.well-known/idempotency-key: mint a key and record its marker. */
@@ -168,15 +175,15 @@ static void issue_key(struct conn *c)
 	struct store_claim m;
 
 	if (issue_mint(c->key.key, time(NULL)) < 0) {
-		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "no randomness",
+		c->ops->answer(c, PROBLEM_STORE_UNAVAILABLE, "no randomness",
 		       OUTCOME_STORE_UNAVAILABLE, false);
 		return;
 	}
 	issue_marker(c->key.key, issue_marker_ttl(c->cfg), &m);
-	conn_set_state(c, CONN_ST_CLAIM);
+	c->ops->set_state(c, CONN_ST_CLAIM);
 	c->issue_op = store_claim(c->loop->store, c->loop->base, &m, on_issued, c);
 	if (c->issue_op == NULL) {
-		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
+		c->ops->answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot record the issued key",
 		       OUTCOME_STORE_UNAVAILABLE, false);
 		return;
 	}
@@ -207,16 +214,16 @@ static void start_claim(struct conn *c)
 	struct keyed_answer a;
 
 	cf_set(c, CF(REQ_DONE));
-	conn_read_timeout(c, 0);
+	c->ops->read_timeout(c, 0);
 	evtimer_del(c->timer);		/* the body's deadline */
-	conn_set_state(c, CONN_ST_CLAIM);
+	c->ops->set_state(c, CONN_ST_CLAIM);
 	if (keyed_prepare(&h, &c->key, &c->body, &req, &a) == KEYED_ANSWER) {
-		conn_answer(c, a.problem, a.detail, a.outcome, a.close);
+		c->ops->answer(c, a.problem, a.detail, a.outcome, a.close);
 		return;
 	}
 	c->idem = idem_start(&c->loop->idem, &req, &conn_sink, c);
 	if (c->idem == NULL) {
-		conn_answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot start the claim",
+		c->ops->answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot start the claim",
 		       OUTCOME_STORE_UNAVAILABLE, false);
 		return;
 	}
@@ -244,10 +251,10 @@ static void body_deadline(struct conn *c)
 void conn_keyed_refused(struct conn *c, enum body_err e)
 {
 	if (e == BODY_BUSY)
-		conn_answer(c, PROBLEM_SERVER_BUSY, "too many request bodies are "
+		c->ops->answer(c, PROBLEM_SERVER_BUSY, "too many request bodies are "
 			    "being buffered; retry", OUTCOME_BUSY, true);
 	else
-		conn_close(c, "out of memory");
+		c->ops->close(c, "out of memory");
 }
 
 /* Move a keyed request's body into c->body, up to max_body. */
@@ -271,7 +278,7 @@ void conn_keyed_body(struct conn *c)
 			start_claim(c);
 		return;
 	}
-	if (conn_feed_parser(c) == 1)
+	if (c->ops->feed_parser(c) == 1)
 		start_claim(c);	/* else more to come, or answered (400, 413) */
 }
 
@@ -332,7 +339,7 @@ static bool issue_allowed(void)
 static void pass_as_is(struct conn *c)
 {
 	strcpy(c->fwd, reqhead_origin_target(c->head.target, c->method));
-	conn_forward(c);
+	conn_pass_forward(c);
 }
 
 /*
@@ -352,7 +359,7 @@ void conn_keyed_decide(struct conn *c)
 		 * could apply (an upstream may read it as a protected path),
 		 * else passed on as it came (DESIGN §1.1) */
 		if (routes_consider(&c->cfg->routing, c->method)) {
-			conn_answer(c, PROBLEM_BAD_REQUEST, "the path has dot "
+			c->ops->answer(c, PROBLEM_BAD_REQUEST, "the path has dot "
 				    "segments or an encoded separator",
 				    OUTCOME_PASSTHROUGH, false);
 			return;
@@ -363,7 +370,7 @@ void conn_keyed_decide(struct conn *c)
 	if (c->method == HTTP_GET && routes_issue_keys(&c->cfg->routing) &&
 	    issue_is_path(c->match)) {
 		if (!issue_allowed()) {
-			conn_answer(c, PROBLEM_TOO_MANY_REQUESTS, "keys are issued "
+			c->ops->answer(c, PROBLEM_TOO_MANY_REQUESTS, "keys are issued "
 				    "at a bounded rate; retry", OUTCOME_BUSY, false);
 			return;
 		}
@@ -379,24 +386,24 @@ void conn_keyed_decide(struct conn *c)
 	h = keyed_head(c);
 	switch (keyed_start(&h, &c->key, &a)) {
 	case KEYED_PASS:
-		conn_forward(c);	/* drop-in: legacy clients */
+		conn_pass_forward(c);	/* drop-in: legacy clients */
 		return;
 	case KEYED_ANSWER:
-		conn_answer(c, a.problem, a.detail, a.outcome, a.close);
+		c->ops->answer(c, a.problem, a.detail, a.outcome, a.close);
 		return;
 	case KEYED_BUFFER:
 	case KEYED_ENGINE:
 		break;
 	}
 	body_start(&c->body, c->req_body == BODY_LENGTH ? c->req_length : 0);
-	conn_set_state(c, CONN_ST_BODY);
+	c->ops->set_state(c, CONN_ST_BODY);
 	body_deadline(c);
 	continue_if_expected(c);
 	if (c->req_body == BODY_NONE) {
 		start_claim(c);
 		return;
 	}
-	conn_read_timeout(c, c->cfg->client_timeout_ms);
+	c->ops->read_timeout(c, c->cfg->client_timeout_ms);
 	if (c->req_body == BODY_CHUNKED)
 		llhttp_resume(&c->parser);
 	conn_keyed_body(c);

@@ -11,6 +11,7 @@
  * it drains. A request without a body that is idempotent is sent again
  * once when a pooled connection turns out closed; nothing else is.
  */
+#include "conn_pass.h"
 #include "conn_priv.h"
 
 #include <event2/buffer.h>
@@ -69,10 +70,10 @@ static int start_exchange(struct conn *c, bool fresh)
 static void request_complete(struct conn *c)
 {
 	cf_set(c, CF(REQ_DONE));
-	conn_read_timeout(c, 0);
+	c->ops->read_timeout(c, 0);
 	if (cf_has(c, CF(CLIENT_PAUSED))) {
 		cf_clr(c, CF(CLIENT_PAUSED));
-		conn_read_on(c);
+		c->ops->read_on(c);
 	}
 	if (c->up != NULL)
 		upstream_request_sent(c->up);
@@ -101,7 +102,7 @@ void conn_pass_pump(struct conn *c)
 			return;
 		}
 	} else {
-		int rc = conn_feed_parser(c);
+		int rc = c->ops->feed_parser(c);
 
 		if (rc < 0)
 			return;
@@ -119,12 +120,12 @@ void conn_pass_pump(struct conn *c)
 }
 
 /* Forward the request as it is (DESIGN.md §1 item 1). */
-void conn_forward(struct conn *c)
+void conn_pass_forward(struct conn *c)
 {
-	conn_set_state(c, CONN_ST_FORWARD);
+	c->ops->set_state(c, CONN_ST_FORWARD);
 	if (start_exchange(c, false) < 0) {
 		metrics_upstream_error(UPSTREAM_ERROR_CONNECT);
-		conn_answer(c, PROBLEM_UPSTREAM_UNAVAILABLE,
+		c->ops->answer(c, PROBLEM_UPSTREAM_UNAVAILABLE,
 			    "cannot open a connection to the upstream",
 			    c->outcome, false);
 		return;
@@ -133,7 +134,7 @@ void conn_forward(struct conn *c)
 		request_complete(c);
 		return;
 	}
-	conn_read_timeout(c, c->cfg->client_timeout_ms);
+	c->ops->read_timeout(c, c->cfg->client_timeout_ms);
 	if (c->req_body == BODY_CHUNKED)
 		llhttp_resume(&c->parser);
 	conn_pass_pump(c);
@@ -141,14 +142,16 @@ void conn_forward(struct conn *c)
 
 static void up_on_head(void *arg, const struct upstream_resp *r)
 {
-	conn_client_head(arg, r);
+	struct conn *c = arg;
+
+	c->ops->client_head(c, r);
 }
 
 static void up_on_body(void *arg, struct evbuffer *src, size_t len)
 {
 	struct conn *c = arg;
 
-	if (conn_client_body(c, src, len))
+	if (c->ops->client_body(c, src, len))
 		upstream_pause_read(c->up, true);
 }
 
@@ -156,7 +159,7 @@ static void up_on_done(void *arg)
 {
 	struct conn *c = arg;
 
-	conn_client_done(c);
+	c->ops->client_done(c);
 	metrics_observe(HISTOGRAM_upstream_seconds,
 			(double)(clock_ms() - c->up_start_ms) / 1e3);
 	if (!cf_has(c, CF(REQ_DONE))) {
@@ -168,7 +171,7 @@ static void up_on_done(void *arg)
 		upstream_release(c->up);
 	}
 	c->up = NULL;
-	conn_end_request(c);
+	c->ops->end_request(c);
 }
 
 static void up_on_error(void *arg, enum upstream_error err, unsigned how)
@@ -189,8 +192,8 @@ static void up_on_error(void *arg, enum upstream_error err, unsigned how)
 	log_warn("conn %s: upstream %s on %s %s", c->peer,
 		 upstream_error_name(err),
 		 llhttp_method_name((llhttp_method_t)c->method), c->head.target);
-	if (conn_upstream_error(c, err))
-		conn_end_request(c);
+	if (c->ops->upstream_error(c, err))
+		c->ops->end_request(c);
 }
 
 static void up_on_drain(void *arg)
@@ -200,7 +203,7 @@ static void up_on_drain(void *arg)
 	if (!cf_has(c, CF(CLIENT_PAUSED)))
 		return;
 	cf_clr(c, CF(CLIENT_PAUSED));
-	conn_read_on(c);
+	c->ops->read_on(c);
 	conn_pass_pump(c);
 }
 

@@ -1,7 +1,9 @@
 /*
- * conn_priv.h - what conn.c (the connection) and conn_keyed.c (its keyed
- * requests and issued keys) share: struct conn, its states, mode and flags,
- * and the few functions one calls in the other. Nothing else includes it.
+ * conn_priv.h - what conn.c (the connection) and its helpers conn_keyed.c
+ * (keyed requests and issued keys), conn_pass.c (pass-through) and
+ * conn_tls.c (TLS) share: struct conn, its states, mode and flags, and
+ * the table of conn.c's machinery the helpers call (struct conn_ops).
+ * Each helper's functions are in its own header. Nothing else includes it.
  */
 #ifndef IDEMPROXY_CONN_PRIV_H
 #define IDEMPROXY_CONN_PRIV_H
@@ -62,11 +64,6 @@ enum conn_state {
 	CONN_ST_CLOSED,		/* on the reap list */
 };
 
-static const char *const state_names[] = {
-	"idle", "read_head", "decide", "body", "claim", "forward", "respond",
-	"settle", "closing", "linger", "closed",
-};
-
 /* TLS on the connection (conn.c; tls.h). */
 enum conn_tls {
 	CONN_TLS_OFF,		/* plain HTTP */
@@ -105,7 +102,10 @@ enum {
 
 #define CF(name) (1u << CONN_BIT_##name)
 
+struct conn_ops;
+
 struct conn {
+	const struct conn_ops *ops;	/* conn.c's, for its helpers */
 	struct conn_loop *loop;
 	TAILQ_ENTRY(conn) link;
 	struct bufferevent *bev;
@@ -117,7 +117,7 @@ struct conn {
 	struct event *flush;		/* write the output at the end of the turn */
 	bool flush_armed;		/* ... already active this turn */
 	uint64_t read_timeout_ms;	/* conn_read_timeout()'s; RT_UNSET: not ours */
-	struct event *tls_pump;		/* TLS: pull what OpenSSL holds (conn.c) */
+	struct event *tls_pump;		/* TLS: pull what OpenSSL holds (conn_tls.c) */
 	enum conn_state state;
 	bool draining;			/* SIGTERM: this is the last request */
 	char peer[INET6_ADDRSTRLEN];
@@ -170,49 +170,31 @@ static inline void cf_clr(struct conn *c, unsigned f)
 	c->flags &= ~f;
 }
 
-/* conn.c: the connection's machinery, for conn_keyed.c. */
-void conn_set_state(struct conn *c, enum conn_state next);
-void conn_read_timeout(struct conn *c, uint64_t ms);
-struct reply_conn conn_reply_conn(const struct conn *c);
-/* Answer with a problem, count the outcome, end the request. */
-void conn_answer(struct conn *c, enum problem p, const char *detail,
-		 enum outcome o, bool close);
-/* Queue 502/504 for a failed exchange; false when the connection was cut. */
-bool conn_upstream_error(struct conn *c, enum upstream_error err);
-bool conn_exchange_problem(struct conn *c, enum problem p, const char *detail);
-void conn_end_request(struct conn *c);
-void conn_close(struct conn *c, const char *reason);
-int conn_feed_parser(struct conn *c);
-void conn_read_on(struct conn *c);
-void conn_client_head(struct conn *c, const struct upstream_resp *r);
-bool conn_client_body(struct conn *c, struct evbuffer *src, size_t len);
-void conn_client_done(struct conn *c);
-
-/* conn_pass.c: forward the request as it is (the head now, the body as it
- * comes), and move more of its body when bytes arrive or the upstream
- * drains. */
-void conn_forward(struct conn *c);
-void conn_pass_pump(struct conn *c);
-
-/* conn_keyed.c: a head is complete (DECIDE); body bytes for a keyed
- * request arrived (BODY). */
-void conn_keyed_decide(struct conn *c);
-void conn_keyed_body(struct conn *c);
-/* n bytes of a keyed chunked body (on_body); -1 with c's flags saying why
- * (BODY_TOO_LARGE, BODY_BUSY) when they cannot be taken. */
-int conn_keyed_chunk(struct conn *c, const char *at, size_t len);
-/* A keyed body that cannot be buffered: 503 server-busy (the budget is
- * spent), or closed (out of memory). */
-void conn_keyed_refused(struct conn *c, enum body_err e);
-
-/* conn_tls.c: a connection on a TLS listener. Accept: the bufferevent that
- * runs the handshake (c->bev, c->ssl, c->tls_pump; -1 on failure, what was
- * made is left for conn_new to free). Then the handshake's end, either
- * way, from event_cb; and, whenever reading may go on, a look for bytes
- * OpenSSL holds (no-op on a plain connection). */
-int conn_tls_accept(struct conn *c, int fd);
-void conn_tls_established(struct conn *c);
-void conn_tls_failed(struct conn *c, short what);
-void conn_tls_pump_later(struct conn *c);
+/*
+ * What the connection (conn.c) offers its helpers - conn_keyed.c,
+ * conn_pass.c, conn_tls.c, which it calls - as a table in c->ops: they
+ * reach conn.c's machinery only through it, never by its names, so that
+ * no helper depends on the module that calls it.
+ */
+struct conn_ops {
+	void (*set_state)(struct conn *c, enum conn_state next);
+	void (*read_timeout)(struct conn *c, uint64_t ms);
+	struct reply_conn (*reply_conn)(const struct conn *c);
+	/* Answer with a problem, count the outcome, end the request. */
+	void (*answer)(struct conn *c, enum problem p, const char *detail,
+		       enum outcome o, bool close);
+	/* Queue 502/504 for a failed exchange; false when the connection
+	 * was cut. */
+	bool (*upstream_error)(struct conn *c, enum upstream_error err);
+	bool (*exchange_problem)(struct conn *c, enum problem p,
+				 const char *detail);
+	void (*end_request)(struct conn *c);
+	void (*close)(struct conn *c, const char *reason);
+	int (*feed_parser)(struct conn *c);
+	void (*read_on)(struct conn *c);
+	void (*client_head)(struct conn *c, const struct upstream_resp *r);
+	bool (*client_body)(struct conn *c, struct evbuffer *src, size_t len);
+	void (*client_done)(struct conn *c);
+};
 
 #endif

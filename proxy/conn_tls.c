@@ -4,6 +4,7 @@
  * what a failed one is counted as, and pulling what OpenSSL holds back.
  * The OpenSSL contexts are tls.c's; docs/architecture.md "TLS".
  */
+#include "conn_tls.h"
 #include "conn_priv.h"
 
 #include <sys/socket.h>
@@ -134,5 +135,5 @@ void conn_tls_failed(struct conn *c, short what)
 	log_debug("conn %s: TLS handshake failed: %s", c->peer, why);
 	if (e == TLS_ERROR_PLAIN_HTTP)
 		answer_plain_http(c);
-	conn_close(c, "tls handshake failed");
+	c->ops->close(c, "tls handshake failed");
 }
