@@ -272,6 +272,6 @@ def test_failovers_execute_each_key_once(cluster, tmp_path):
                                  else RECOVERY_BOUND_S)}
     assert not slow, (lags, [read_text(p.log_path)[-3000:] for p in proxies])
     # every commit waits for the sync standby: no instance may call the
-    # cluster asynchronous (store_pg_pool.c, check_replication)
+    # cluster asynchronous (store_pg_conn.c, check_replication)
     for p in proxies:
         assert "streams WAL to" not in read_text(p.log_path), p.log_path
