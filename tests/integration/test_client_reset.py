@@ -23,7 +23,7 @@ with SIGTERM and requires exit 0 and no AddressSanitizer / LeakSanitizer /
 UBSan report (Proxy.check_stopped).
 
 The commit of a claim or a completion is slowed with a deferred constraint
-trigger (test_pg_outcomes.py). Every wait is bounded: socket timeouts and
+trigger (test_pg_outcomes.py), made before the proxy starts. Every wait is bounded: socket timeouts and
 polling deadlines.
 """
 import socket
@@ -169,8 +169,8 @@ def test_b_reset_while_claim_commits(start, stub, pg_db):
     """The client resets while its winning claim's commit sleeps 1.5 s in
     PostgreSQL. The claim is given back: the same request afterwards
     executes at once (200, not a replay, not a 409), once in total."""
-    p = start()
     slow_claims(pg_db, 1.5)
+    p = start()
     key = newkey("slowclaim")
     c = RawConn(p.port, timeout=5)
     c.send(kreq("POST", "/orders", key, ORDER))
@@ -282,8 +282,8 @@ def test_d_reset_while_completion_commits(start, stub, pg_db):
     record; one of them resets too. The commit lands: the other duplicate
     gets the replay, and so does a later one; one execution; the record is
     completed with the winner's body."""
-    p = start()
     slow_completions(pg_db, 1.5)
+    p = start()
     key = newkey("slowdone")
     raw = kreq("POST", "/orders", key, ORDER)
     c = RawConn(p.port, timeout=10)

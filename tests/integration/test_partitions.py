@@ -15,7 +15,7 @@ from support.stores import PSQL_BIN
 from test_idempotency import ORDER, kreq, newkey, post, replayed
 from test_keys import TOKEN, admin, token_file  # noqa: F401 (fixture)
 from test_pg_outcomes import execs
-from test_postgres import burst_split
+from test_postgres import burst_split, ddl_alone
 
 
 def start(make_proxy, db, *flags, name):
@@ -200,16 +200,30 @@ END $$;
 """
 
 
+def wait_open_transaction(db, timeout=10.0):
+    """Until a session of db (hold_open's) sits in a transaction that has
+    its id."""
+    deadline = time.monotonic() + timeout
+    while db.psql("select count(*) from pg_stat_activity where datname = "
+                  "current_database() and state = 'idle in transaction' "
+                  "and backend_xid is not null") != "1":
+        assert time.monotonic() < deadline, "the transaction did not open"
+        time.sleep(0.05)
+
+
 def test_partitions_pile_up_bounded(make_proxy, pg_db, pg_server, stub):
     """A transaction left open holds back every drop; with 2-s partitions
     a new one would follow every 2 s, and every claim reads them all. Once
     24 are there, each new one spans as long as all the others: in 12 s
-    at most one more is made, and claims go on."""
-    a = start(make_proxy, pg_db, "--ttl", "1s", name="a")
-    pg_db.psql(PAST_PARTS % 30)
+    at most one more is made, and claims go on. (The 30 past partitions
+    and the open transaction are there before the proxy starts: no DDL
+    against a running proxy, ddl_alone.)"""
+    ddl_alone(pg_db, PAST_PARTS % 30, "--ttl", "1s")
     holder = hold_open(pg_server, pg_db, "begin; select txid_current(), "
                        "count(*) from idempotency_keys;")
     try:
+        wait_open_transaction(pg_db)
+        a = start(make_proxy, pg_db, "--ttl", "1s", name="a")
         time.sleep(1)
         before = int(pg_db.psql("select count(*) from idempotency_keys_parts"))
         assert before >= 30

@@ -2,12 +2,13 @@
 outcome is what the store committed"; "The completion write is retried ...
 for as long as the owner's lease lasts"; §1 item 10).
 
-The commit window of one statement is widened deterministically: after the
-proxy created its table, the test adds a DEFERRABLE INITIALLY DEFERRED
-constraint trigger that sleeps in pg_sleep() at COMMIT, for the first
-matching row only (a sequence is not transactional, so a re-sent statement
-does not sleep again). The statement's result has been produced by then;
-the transaction has not committed. The sleeping backend is found in
+The commit window of one statement is widened deterministically: before
+the proxy starts (test_postgres.ddl_alone: DDL against a running proxy can
+deadlock with its statements), the test adds a DEFERRABLE INITIALLY
+DEFERRED constraint trigger that sleeps in pg_sleep() at COMMIT, for the
+first matching row only (a sequence is not transactional, so a re-sent
+statement does not sleep again). The statement's result has been produced
+by then; the transaction has not committed. The sleeping backend is found in
 pg_stat_activity (wait_event 'PgSleep') and, where a test says so, killed
 from another session with pg_terminate_backend(): its transaction is rolled
 back, and the proxy sees the connection die with the outcome unknown.
@@ -44,7 +45,7 @@ import pytest
 from support.http import RawConn, assert_problem
 from support.procs import metric_value, wait_readyz
 from test_idempotency import ORDER, kreq, newkey, post, replayed
-from test_postgres import start_pg_proxy
+from test_postgres import ddl_alone, start_pg_proxy
 
 # a short drain: a test may leave an engine waiting on a slow upstream
 BASE_FLAGS = ("--drain-timeout", "3s")
@@ -66,8 +67,9 @@ def start(make_proxy, db, *flags, redis=None, **kw):
 
 def slow_commit(db, name, secs, event, when):
     """A constraint trigger that sleeps `secs` at COMMIT for the first row
-    matching `when` (AFTER `event` ON idempotency_keys)."""
-    db.psql(f"""
+    matching `when` (AFTER `event` ON idempotency_keys); made before any
+    proxy runs on `db` (ddl_alone)."""
+    ddl_alone(db, f"""
         CREATE SEQUENCE {name}_once;
         CREATE FUNCTION {name}_fn() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -219,8 +221,8 @@ def test_a_claim_killed_at_commit(make_proxy, pg_db, stub, request,
     and has not executed. A retry gets 200 (a replay if the first
     executed); the key executed exactly once; the record is completed."""
     redis = redis_param(request, with_redis)
-    p = start(make_proxy, pg_db, redis=redis, name="a")
     slow_claims(pg_db, 3)
+    p = start(make_proxy, pg_db, redis=redis, name="a")
     key = newkey("slowclaim")
     with cf.ThreadPoolExecutor(1) as ex:
         fut = ex.submit(post, p.port, key, timeout=20)
@@ -263,8 +265,8 @@ def test_b_completion_killed_at_commit(make_proxy, pg_db, stub, request,
     it; one execution. With Redis: Redis never holds a value that
     PostgreSQL does not, and at the end it holds PostgreSQL's body."""
     redis = redis_param(request, with_redis)
-    p = start(make_proxy, pg_db, redis=redis, name="b")
     slow_completions(pg_db, 3)
+    p = start(make_proxy, pg_db, redis=redis, name="b")
     key = newkey("slowdone")
     t0 = time.monotonic()
     first = post(p.port, key, timeout=20)
@@ -487,8 +489,8 @@ def test_e_client_reset_during_claim(make_proxy, pg_db, stub):
     is given back, so the same request 2.5 s later executes at once (200,
     not a replay, not a 409 until the default 30 s lease runs out), and the
     upstream saw the key once."""
-    p = start(make_proxy, pg_db, name="e")
     slow_claims(pg_db, 1.5)
+    p = start(make_proxy, pg_db, name="e")
     key = newkey("slowclaim")
     s = socket.create_connection(("127.0.0.1", p.port), timeout=5)
     try:
@@ -527,8 +529,8 @@ def test_f_phantom_claim(make_proxy, pg_db, stub):
     committed claim must not hold the key until the lease (30 s) ends: once
     the transaction is over (~8 s), a retry gets 200 (or a replay) within a
     few seconds, and the key executes once."""
-    p = start(make_proxy, pg_db, name="f")
     slow_claims(pg_db, 7)
+    p = start(make_proxy, pg_db, name="f")
     key = newkey("slowclaim")
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(1) as ex:
@@ -572,6 +574,11 @@ def test_i_abandoned_takeover_keeps_the_fingerprint(make_proxy, pg_db, stub):
     the key back - but the record was the executed request's: it must
     stay, bound to its body, so that another body gets 422 (not an
     execution) and a retry of the same body takes over at once."""
+    # only the takeover matches: the first request inserts its record and
+    # completes it, the test's own rewrite names the owner 'gone'
+    slow_commit(pg_db, "slowtake", 7, "UPDATE",
+                "NEW.state = 'in_flight' AND NEW.owner <> 'gone' AND "
+                "NEW.key LIKE 'slowtake-%'")
     p = start(make_proxy, pg_db, "--response-cache", "0",
               "--unknown-outcome", "release", name="i")
     key = newkey("slowtake")
@@ -583,9 +590,6 @@ def test_i_abandoned_takeover_keeps_the_fingerprint(make_proxy, pg_db, stub):
         "headers = null, body = null, owner = 'gone', "
         "lease_until = now() - interval '1 second' "
         f"where scope = '' and key = '{key}'") == "", "record rewritten"
-    slow_commit(pg_db, "slowtake", 7, "UPDATE",
-                "NEW.state = 'in_flight' AND NEW.owner <> 'gone' AND "
-                "NEW.key LIKE 'slowtake-%'")
     t0 = time.monotonic()
     with cf.ThreadPoolExecutor(1) as ex:
         fut = ex.submit(post, p.port, key, timeout=20)
@@ -634,9 +638,9 @@ def test_j_claim_won_after_its_lease(make_proxy, pg_db, stub, race):
     nothing - gives its record back with its token, claims again, wins and
     executes; later duplicates replay it. Either way: one execution."""
     lease = ("--lease", "2s", "--upstream-timeout", "1500ms")
+    slow_claims(pg_db, 3.0)
     a = start(make_proxy, pg_db, *lease, name="a")
     b = start(make_proxy, pg_db, *lease, name="b")
-    slow_claims(pg_db, 3.0)
     key = newkey("slowclaim")
     with cf.ThreadPoolExecutor(2) as ex:
         fa = ex.submit(post, a.port, key)
@@ -686,8 +690,8 @@ def test_h_stall_reads_the_committed_claim(make_proxy, pg_db, stub):
     deadline has passed: it must read the result - the request is
     executed once and answered 200 - not drop the connection and answer
     503 for a claim PostgreSQL committed."""
-    p = start(make_proxy, pg_db, name="h")
     slow_claims(pg_db, 1.5)
+    p = start(make_proxy, pg_db, name="h")
     key = newkey("slowclaim")
     with cf.ThreadPoolExecutor(1) as ex:
         fut = ex.submit(post, p.port, key, timeout=20)
