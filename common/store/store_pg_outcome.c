@@ -17,11 +17,15 @@
 #include "store_pg_batch.h"
 
 #define PG_CLAIM_RETRIES 5	/* the record changed under the statement */
+#define PG_ABANDON_GRACE_MS 60000	/* an abandoned claim outlives its lease */
 
 /*
  * Claim c won but nobody will execute it: give the key back in the
  * background, with c's owner token, for as long as its lease could hold
- * the key. A row c inserted is deleted. A record c took over (or that an
+ * the key, and PG_ABANDON_GRACE_MS more: past the lease, a retry records
+ * the key's outcome as unknown, and the give-back still lands on that
+ * record (it is the owner's), so that an outage shorter than that leaves
+ * no unknown outcome behind for a request that was never sent. A row c inserted is deleted. A record c took over (or that an
  * attempt of c before it wrote, maybe taking it over) was another
  * request's, which may have executed: it stays, its fingerprint bound
  * until it expires, and only its lease ends (an extension by 0 ms), so
@@ -42,7 +46,7 @@ void pg_give_back(const struct pg_op *c)
 	/* a release is kept on retries for its kind, the extension as an
 	 * abandoned claim is (retry_op); both go at their deadline */
 	o->abandoned = c->took_over;
-	o->deadline_ms = clock_ms() + c->lease_ms;
+	o->deadline_ms = clock_ms() + c->lease_ms + PG_ABANDON_GRACE_MS;
 	pg_enqueue(o, false);
 }
 
@@ -53,14 +57,15 @@ void pg_give_back(const struct pg_op *c)
  * background, alone in its batch, until its outcome is known: claimed
  * again with its own owner token - the INSERT waits on the key's index
  * entry for a transaction still in progress, which a DELETE would not see -
- * and released if won. Gone when its lease would have ended anyway.
+ * and released if won, or if it finds its own record made unknown. Gone
+ * PG_ABANDON_GRACE_MS after its lease would have ended (pg_give_back()).
  */
 void pg_abandon(struct pg_op *o)
 {
 	o->cb = NULL;
 	o->abandoned = true;
 	o->solo = true;
-	o->deadline_ms = clock_ms() + o->lease_ms;
+	o->deadline_ms = clock_ms() + o->lease_ms + PG_ABANDON_GRACE_MS;
 }
 
 /* A copy of claim o, abandoned and queued (o itself reports to its
@@ -145,6 +150,16 @@ static void unknown_result(struct pg_op *o, const PGresult *r, bool lapsed)
 		o->res.resp = stored_response_unknown(NULL);
 	}
 	get_text(r, 0, 7, owner, sizeof(owner));
+	if (o->cb == NULL && strcmp(owner, o->owner) == 0) {
+		/* an abandoned claim finds its own record made unknown by a
+		 * retry after its lease ran out: it was never forwarded, so it
+		 * is given back (a release matches an unknown record of its
+		 * owner) and the next retry executes */
+		o->took_over = false;
+		pg_give_back(o);
+		pg_op_free(o);
+		return;
+	}
 	if (PQgetisnull(r, 0, 6))
 		memcpy(o->res.owner, owner, sizeof(owner));
 	else
