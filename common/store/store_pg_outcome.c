@@ -248,16 +248,12 @@ static int64_t get_ms(const PGresult *r, int row, int col)
 	return PQgetisnull(r, row, col) ? 0 : (int64_t)get_int8(r, row, col);
 }
 
-/* A committed inspect: the record, and its stored response if asked. */
-static void inspect_result(struct pg_op *o, const PGresult *r)
+/* The columns an inspect and a purge share: state, fingerprint, owner,
+ * status (0 to 3). */
+static void record_head(const PGresult *r, struct store_record *rec)
 {
-	struct store_record *rec = &o->res.rec;
 	char state[16];
 
-	if (PQntuples(r) != 1) {
-		pg_op_finish(o, STORE_ABSENT);
-		return;
-	}
 	get_text(r, 0, 0, state, sizeof(state));
 	rec->found = STORE_IN_POSTGRES;
 	rec->unknown = strcmp(state, "unknown") == 0;
@@ -268,6 +264,18 @@ static void inspect_result(struct pg_op *o, const PGresult *r)
 		get_text(r, 0, 2, rec->owner, sizeof(rec->owner));
 	if (!PQgetisnull(r, 0, 3))
 		rec->status = get_int4(r, 0, 3);
+}
+
+/* A committed inspect: the record, and its stored response if asked. */
+static void inspect_result(struct pg_op *o, const PGresult *r)
+{
+	struct store_record *rec = &o->res.rec;
+
+	if (PQntuples(r) != 1) {
+		pg_op_finish(o, STORE_ABSENT);
+		return;
+	}
+	record_head(r, rec);
 	rec->head_len = (size_t)get_ms(r, 0, 4);
 	rec->body_len = (size_t)get_ms(r, 0, 5);
 	rec->body_stored = *PQgetvalue(r, 0, 6) != 0;
@@ -298,22 +306,12 @@ static void inspect_result(struct pg_op *o, const PGresult *r)
 static void purge_result(struct pg_op *o, const PGresult *r)
 {
 	struct store_record *rec = &o->res.rec;
-	char state[16];
 
 	if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0)) {
 		pg_op_finish(o, STORE_ABSENT);
 		return;
 	}
-	get_text(r, 0, 0, state, sizeof(state));
-	rec->found = STORE_IN_POSTGRES;
-	rec->unknown = strcmp(state, "unknown") == 0;
-	rec->completed = rec->unknown || strcmp(state, "completed") == 0;
-	if (PQgetlength(r, 0, 1) == FP_LEN)
-		memcpy(rec->fp, PQgetvalue(r, 0, 1), FP_LEN);
-	if (!rec->completed)
-		get_text(r, 0, 2, rec->owner, sizeof(rec->owner));
-	if (!PQgetisnull(r, 0, 3))
-		rec->status = get_int4(r, 0, 3);
+	record_head(r, rec);
 	if (!PQgetisnull(r, 0, 4) && get_ms(r, 0, 4) > 0)
 		o->res.ttl_left_ms = (uint64_t)get_ms(r, 0, 4);
 	pg_op_finish(o, STORE_OK);

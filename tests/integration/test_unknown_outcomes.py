@@ -12,10 +12,8 @@ failure before anything was sent release the key.
 Executions are what the stub counts per Idempotency-Key (GET /__stats
 "keys"): an outcome probe carries no key, so it is not one.
 """
-import concurrent.futures as cf
 import http.client
 import json
-import os
 import signal
 import time
 import urllib.parse
@@ -25,8 +23,8 @@ import pytest
 from support.http import RawConn, assert_problem
 from support.procs import Stub, free_port, metric_value, proxy_kill, wait_readyz
 from test_idempotency import ORDER, kreq, newkey, post, replayed
-
-TOKEN = "t0ken-for-the-tests-0123456789"
+# keyed(*flags): a proxy on the test's store with the admin token
+from test_keys import TOKEN, keyed, token_file  # noqa: F401 (fixtures)
 
 
 def runs(stub, key):
@@ -75,25 +73,6 @@ def purge(p, key):
         return r.status
     finally:
         conn.close()
-
-
-@pytest.fixture
-def token_file(tmp_path):
-    path = tmp_path / "admin.token"
-    path.write_text(TOKEN + "\n")
-    path.chmod(0o600)
-    return str(path)
-
-
-@pytest.fixture
-def keyed(store_args, make_proxy, token_file):
-    """keyed(*flags) -> a proxy on the test's store, with the admin token."""
-    def make(*flags, **kw):
-        p = make_proxy(*store_args, "--admin-token-file", token_file, *flags,
-                       **kw)
-        wait_readyz(p)
-        return p
-    return make
 
 
 def start_pg(factory, db, *flags, **kw):
