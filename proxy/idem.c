@@ -857,13 +857,16 @@ static struct stored_response *captured_response(struct idem *ix)
  */
 static void settle(struct idem *ix)
 {
+	enum settle_kind kind;
+
 	ix->state = IDEM_ST_SETTLE;
 	if (!if_has(ix, IF(OWNS))) {
 		settled(ix);	/* unprotected: nothing to write */
 		idem_done(ix);
 		return;
 	}
-	switch (settlement(ix)) {
+	kind = settlement(ix);
+	switch (kind) {
 	case SETTLE_STORE:
 		/* a final status means the upstream acted: a response cut
 		 * short after it is never a release (DESIGN §7) */
@@ -893,7 +896,7 @@ static void settle(struct idem *ix)
 	}
 	/* the captured copies are no longer needed */
 	evbuffer_drain(ix->cap_body, evbuffer_get_length(ix->cap_body));
-	if (settlement(ix) != SETTLE_RELEASE && ix->outcome == NULL) {
+	if (kind != SETTLE_RELEASE && ix->outcome == NULL) {
 		/* never a release in its place: the lease runs out, and the
 		 * key's outcome becomes unknown */
 		log_error("key %s: out of memory for the outcome; the key stays "
@@ -932,6 +935,13 @@ static void rearm_wait(struct idem *ix)
  * writes carry the owner's handle, so that they land only on the record
  * still unknown (or in flight) under that owner.
  */
+
+/* How often this engine asks: the owner in the background, a resolver
+ * once while its client waits. */
+static int probe_tries(const struct idem *ix)
+{
+	return if_has(ix, IF(RESOLVER)) ? 1 : PROBE_TRIES;
+}
 
 /* Reply to a waiting client with r and end. */
 static void finish_replay(struct idem *ix, struct stored_response *r)
@@ -1000,8 +1010,6 @@ static void probe_answered(void *arg, int status, struct stored_response *resp)
 	struct idem *ix = arg;
 	struct store *s = ix->env->store;
 	const struct store_key *k = &ix->req.claim.key;
-	int tries = if_has(ix, IF(RESOLVER)) ? 1 : PROBE_TRIES;
-
 	ix->probe = NULL;
 	ix->probe_status = status;
 	if (status >= 200 && status < 300 && resp != NULL) {
@@ -1016,7 +1024,7 @@ static void probe_answered(void *arg, int status, struct stored_response *resp)
 		ix->op = store_release(s, ix->env->base, k, ix->owner,
 				       on_probe_written, ix);
 	} else {
-		if (ix->probes < tries) {
+		if (ix->probes < probe_tries(ix)) {
 			arm_timer(ix, backoff_ms(PROBE_BACKOFF_MS, ix->probes));
 			return;
 		}
@@ -1045,7 +1053,7 @@ static void ask_probe(struct idem *ix)
 	if (ix->probe != NULL)
 		return;
 	ix->probe_status = 0;
-	if (ix->probes < (if_has(ix, IF(RESOLVER)) ? 1 : PROBE_TRIES)) {
+	if (ix->probes < probe_tries(ix)) {
 		arm_timer(ix, backoff_ms(PROBE_BACKOFF_MS, ix->probes));
 		return;
 	}

@@ -75,6 +75,17 @@ def purge(p, key):
         conn.close()
 
 
+def owner_and_duplicate(spawn_proxy, store_args):
+    """A (the owner, which the test kills or stops) and B (its duplicates'
+    instance, which waits), both with a 2 s lease, ready."""
+    flags = (*store_args, "--lease", "2s", "--upstream-timeout", "1800ms")
+    a = spawn_proxy(*flags, name="a")
+    b = spawn_proxy(*flags, "--wait-timeout", "10s", name="b")
+    wait_readyz(a)
+    wait_readyz(b)
+    return a, b
+
+
 def start_pg(factory, db, *flags, **kw):
     p = factory("--store", db.url, *flags, **kw)
     wait_readyz(p)
@@ -306,11 +317,7 @@ def test_owner_sigkill_leaves_an_unknown_outcome(spawn_proxy, store_args,
     """A is SIGKILLed while its request runs. Before the lease runs out a
     duplicate waits; after it, the duplicate gets 502 outcome-unknown
     (replayed) and the request is never executed again."""
-    flags = (*store_args, "--lease", "2s", "--upstream-timeout", "1800ms")
-    a = spawn_proxy(*flags, name="a")
-    b = spawn_proxy(*flags, "--wait-timeout", "10s", name="b")
-    wait_readyz(a)
-    wait_readyz(b)
+    a, b = owner_and_duplicate(spawn_proxy, store_args)
     key = newkey("kill")
     target = "/orders?delay_ms=1200"
     c = RawConn(a.port)
@@ -339,11 +346,7 @@ def test_owner_sigstop_late_completion_replaces_the_unknown(
     duplicate at B gets the unknown outcome. A resumes, reads the answer
     that waited in its socket and completes with its owner token: the
     real response replaces the unknown outcome, and B replays it."""
-    flags = (*store_args, "--lease", "2s", "--upstream-timeout", "1800ms")
-    a = spawn_proxy(*flags, name="a")
-    b = spawn_proxy(*flags, "--wait-timeout", "10s", name="b")
-    wait_readyz(a)
-    wait_readyz(b)
+    a, b = owner_and_duplicate(spawn_proxy, store_args)
     key = newkey("stop")
     target = "/orders?delay_ms=300"
     c = RawConn(a.port, timeout=30)
