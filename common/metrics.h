@@ -135,7 +135,12 @@ enum tls_error {
 	X(upstream_tls_handshakes_total, "TLS handshakes with the upstream completed.") \
 	X(upstream_tls_resumed_total, "TLS handshakes with the upstream that resumed a session.") \
 	X(late_responses_total,    "Keyed responses that came after --upstream-timeout (the client had its 504) and were stored for the retries.") \
-	X(unknown_outcomes_released_total, "Unknown outcomes released for a retry (unknown_outcome = release: at-least-once).")
+	X(unknown_outcomes_released_total, "Unknown outcomes released for a retry (unknown_outcome = release: at-least-once).") \
+	X(access_log_lines_total,  "Access-log lines written out.") \
+	X(access_log_dropped_total, "Access-log lines dropped: the writer could not keep up (a full disk, a stalled pipe).") \
+	X(trace_spans_exported_total, "Spans the OTLP collector accepted.") \
+	X(trace_spans_dropped_total, "Spans dropped: the export queue was full, or the collector refused or was unreachable past the retries.") \
+	X(trace_export_failures_total, "OTLP export requests that failed (each retry counts).")
 
 enum counter {
 #define X(name, help) COUNTER_##name,
