@@ -80,6 +80,12 @@ static const struct setting_word log_format_words[] = {
 	{ NULL, 0 },
 };
 
+static const struct setting_word access_log_format_words[] = {
+	{ "text", ALOG_FORMAT_TEXT },
+	{ "json", ALOG_FORMAT_JSON },
+	{ NULL, 0 },
+};
+
 static const struct setting_word tls_client_cert_words[] = {
 	{ "optional", TLS_CLIENT_CERT_OPTIONAL },
 	{ "required", TLS_CLIENT_CERT_REQUIRED },
@@ -87,6 +93,7 @@ static const struct setting_word tls_client_cert_words[] = {
 };
 
 _Static_assert(sizeof(enum log_format) == sizeof(int) &&
+	       sizeof(enum alog_format) == sizeof(int) &&
 	       sizeof(enum tls_client_cert) == sizeof(int),
 	       "log_format and tls_client_cert are set as words");
 
@@ -208,6 +215,63 @@ static const struct config_opt options[] = {
 	{ .name = "log-format", .syn = SYNTAX_WORDS(log_format_words),
 	  .off = F(log_format), .def = "text", .metavar = "text|json",
 	  .help = "one line per event on stderr, as text or JSON" },
+	{ .name = "access-log", .syn = SYNTAX_STRING, .off = F(access_log),
+	  .def = "off", .metavar = "stderr|stdout|PATH|off",
+	  .help = "one line per request; a PATH is reopened on SIGUSR1 "
+		  "(logrotate)" },
+	{ .name = "access-log-format", .syn = SYNTAX_WORDS(access_log_format_words),
+	  .off = F(access_log_format), .def = "text", .metavar = "text|json",
+	  .help = "access-log lines as nginx's combined format plus the "
+		  "idempotency fields, or one JSON object each" },
+	{ .name = "access-log-query", .syn = SYNTAX_BOOL,
+	  .off = F(access_log_query), .def = "no",
+	  .help = "log the target's query string too (it may hold secrets)" },
+	{ .name = "trusted-proxies", .syn = SYNTAX_STRING,
+	  .off = F(trusted_proxies), .defdoc = "none", .metavar = "CIDR,...",
+	  .help = "peers whose X-Forwarded-For names the client in the access "
+		  "log and traces, e.g. 10.0.0.0/8,127.0.0.1" },
+	{ .name = "request-id-header", .syn = SYNTAX_TOKEN,
+	  .off = F(request_id_header), .def = "X-Request-Id", .metavar = "NAME",
+	  .help = "the request id: the client's when well-formed, else made; "
+		  "sent upstream, echoed in the response and logged" },
+	{ .name = "otel-endpoint", .syn = SYNTAX_STRING,
+	  .off = F(otel_opt[OTEL_OPT_ENDPOINT]), .defdoc = "$OTEL_EXPORTER_OTLP_ENDPOINT",
+	  .metavar = "URL", .flags = OPT_RESTART,
+	  .help = "OTLP/HTTP collector base URL (spans to URL/v1/traces); "
+		  "tracing is off without one" },
+	{ .name = "otel-traces-endpoint", .syn = SYNTAX_STRING,
+	  .off = F(otel_opt[OTEL_OPT_TRACES_ENDPOINT]),
+	  .defdoc = "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", .metavar = "URL",
+	  .flags = OPT_RESTART,
+	  .help = "the full URL spans are POSTed to, over --otel-endpoint" },
+	{ .name = "otel-headers", .syn = SYNTAX_STRING,
+	  .off = F(otel_opt[OTEL_OPT_HEADERS]),
+	  .defdoc = "$OTEL_EXPORTER_OTLP_HEADERS", .metavar = "K=V,...",
+	  .flags = OPT_RESTART,
+	  .help = "header fields of every export request (percent-encoded)" },
+	{ .name = "otel-service-name", .syn = SYNTAX_STRING,
+	  .off = F(otel_opt[OTEL_OPT_SERVICE_NAME]),
+	  .defdoc = "$OTEL_SERVICE_NAME, else idemproxy", .metavar = "NAME",
+	  .flags = OPT_RESTART, .help = "service.name of the spans" },
+	{ .name = "otel-resource-attributes", .syn = SYNTAX_STRING,
+	  .off = F(otel_opt[OTEL_OPT_RESOURCE_ATTRIBUTES]),
+	  .defdoc = "$OTEL_RESOURCE_ATTRIBUTES", .metavar = "K=V,...",
+	  .flags = OPT_RESTART, .help = "resource attributes of the spans" },
+	{ .name = "otel-traces-sampler", .syn = SYNTAX_STRING,
+	  .off = F(otel_opt[OTEL_OPT_SAMPLER]),
+	  .defdoc = "$OTEL_TRACES_SAMPLER, else parentbased_always_on",
+	  .metavar = "NAME", .flags = OPT_RESTART,
+	  .help = "always_on, always_off, traceidratio, parentbased_always_on, "
+		  "parentbased_always_off or parentbased_traceidratio" },
+	{ .name = "otel-traces-sampler-arg", .syn = SYNTAX_STRING,
+	  .off = F(otel_opt[OTEL_OPT_SAMPLER_ARG]),
+	  .defdoc = "$OTEL_TRACES_SAMPLER_ARG, else 1.0", .metavar = "RATIO",
+	  .flags = OPT_RESTART,
+	  .help = "the traceidratio samplers' ratio, 0 to 1" },
+	{ .name = "otel-sdk-disabled", .syn = SYNTAX_BOOL,
+	  .off = F(otel_disabled), .flags = OPT_RESTART,
+	  .help = "no spans, whatever the OTEL_* variables say "
+		  "($OTEL_SDK_DISABLED=true does the same)" },
 	{ .name = "client-timeout", .syn = SYNTAX_DURATION(1),
 	  .off = F(client_timeout_ms), .def = "10s", .metavar = "DUR",
 	  .help = "wait for a request head, and for each gap while reading a "
@@ -554,6 +618,8 @@ static void config_free(struct config *c)
 	for (i = 0; i < NOPTS; i++)
 		opt_clear(&options[i], c);
 	routes_free(&c->routing);
+	cidr_clear(&c->trusted);
+	otel_settings_free(&c->otel);
 	strv_free(c->argv);
 	strv_free(c->env);
 	free(c);
@@ -862,8 +928,10 @@ static char **strv_dup(char **v, int n, bool only_ours)
 	for (i = 0; i < n; i++) {
 		const char *eq = strchr(v[i], '=');
 
+		/* ours, and the standard OTEL_* variables (otel.h) */
 		if (only_ours && (eq == NULL ||
-		    opt_by_spelling(v[i], (size_t)(eq - v[i]), true) == NULL))
+		    (opt_by_spelling(v[i], (size_t)(eq - v[i]), true) == NULL &&
+		     strncmp(v[i], "OTEL_", 5) != 0)))
 			continue;
 		out[j] = strdup(v[i]);
 		if (out[j] == NULL) {
@@ -985,6 +1053,27 @@ static int cross_check(const struct config *c, char *err, size_t errlen)
 	return 0;
 }
 
+/* What is made of settings once all are known: the trusted proxies'
+ * ranges, the trace exporter's settings with the OTEL_* variables. */
+static int derive(struct config *c, char **envp, char *err, size_t errlen)
+{
+	const char *opts[OTEL_OPT_COUNT];
+	char why[256];
+	size_t i;
+
+	if (c->trusted_proxies != NULL &&
+	    cidr_parse(c->trusted_proxies, &c->trusted, why, sizeof(why)) < 0) {
+		snprintf(err, errlen, "--trusted-proxies: %s", why);
+		return -1;
+	}
+	for (i = 0; i < OTEL_OPT_COUNT; i++)
+		opts[i] = c->otel_opt[i];
+	if (c->otel_disabled)
+		opts[OTEL_OPT_DISABLED] = "true";
+	return otel_settings_resolve(&c->otel, opts, envp, &c->otel_warning,
+				     err, errlen);
+}
+
 /* The whole pipeline of the comment at the top; config_parse and reload. */
 static int config_build(int argc, char **argv, char **envp,
 			struct config **out, enum config_action *action,
@@ -1011,6 +1100,7 @@ static int config_build(int argc, char **argv, char **envp,
 	atomic_init(&c->refcount, 1);
 	if (read_sources(&b, argc, argv, envp, err, errlen) < 0 ||
 	    settle(&b, c, err, errlen) < 0 || cross_check(c, err, errlen) < 0 ||
+	    derive(c, envp, err, errlen) < 0 ||
 	    build_routing(c, b.routes, envp, err, errlen) < 0)
 		goto fail;
 

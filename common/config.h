@@ -17,7 +17,10 @@
 
 #include "compiler.h"
 #include "hostport.h"
+#include "accesslog.h"
+#include "cidr.h"
 #include "log.h"
+#include "otel.h"
 #include "policy.h"
 #include "route.h"	/* struct route_table, for users of cfg->routing */
 
@@ -103,6 +106,17 @@ struct config {
 	uint64_t upstream_deadline_ms;	/* a late response is awaited */
 	struct status_set release_statuses;
 	enum unknown_mode unknown_outcome;
+	/* issue 45: logs and traces (docs/operations.md "Logs and traces") */
+	char *access_log;		/* stderr | stdout | PATH | off */
+	enum alog_format access_log_format;
+	bool access_log_query;		/* log the query string too */
+	char *trusted_proxies;		/* as given; NULL: none */
+	struct cidr_set trusted;	/* ... parsed */
+	char *request_id_header;	/* "X-Request-Id" */
+	char *otel_opt[OTEL_OPT_COUNT];	/* --otel-*, as given (NULL: unset) */
+	bool otel_disabled;		/* --otel-sdk-disabled */
+	struct otel_settings otel;	/* resolved with the OTEL_* variables */
+	const char *otel_warning;	/* for main to log once; NULL */
 
 	/* per-request policy: the global one, and [route NAME] sections in
 	 * file order (route.c) */

@@ -194,14 +194,36 @@ static void format_timestamp(char *buf, size_t len)
 		 tm.tm_min, tm.tm_sec, (long)(ts.tv_nsec / 1000000) % 1000);
 }
 
+static void vlog(enum log_level level, const char *rid, const char *fmt,
+		 va_list ap) __attribute__((format(printf, 3, 0)));
+
 void log_msg(enum log_level level, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vlog(level, NULL, fmt, ap);
+	va_end(ap);
+}
+
+void log_msg_req(enum log_level level, const char *rid, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vlog(level, rid != NULL && rid[0] != '\0' ? rid : NULL, fmt, ap);
+	va_end(ap);
+}
+
+/* One line; rid: the request id it is about (a field of its own), or NULL. */
+static void vlog(enum log_level level, const char *rid, const char *fmt,
+		 va_list ap)
 {
 	char msg[LOG_LINE_MAX];
 	char ts[96];		/* 25 used; sized for any int the compiler imagines */
 	struct line l;
 	const char *tail;
 	bool json;
-	va_list ap;
 	ssize_t w;
 	size_t off;
 	int saved_errno = errno;	/* callers log and then look at errno */
@@ -210,9 +232,7 @@ void log_msg(enum log_level level, const char *fmt, ...)
 		return;
 	json = atomic_load_explicit(&log_fmt, memory_order_relaxed) == LOG_FORMAT_JSON;
 
-	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 
 	format_timestamp(ts, sizeof(ts));
 	tail = json ? "\"}\n" : "\n";
@@ -226,12 +246,21 @@ void log_msg(enum log_level level, const char *fmt, ...)
 		line_puts(&l, ts);
 		line_puts(&l, "\",\"level\":\"");
 		line_puts(&l, log_level_name(level));
+		if (rid != NULL) {
+			line_puts(&l, "\",\"request_id\":\"");
+			line_put_escaped(&l, rid, true);
+		}
 		line_puts(&l, "\",\"msg\":\"");
 	} else {
 		line_puts(&l, ts);
 		line_puts(&l, " ");
 		line_puts(&l, log_level_name(level));
 		line_puts(&l, " ");
+		if (rid != NULL) {
+			line_puts(&l, "request_id=");
+			line_put_escaped(&l, rid, false);
+			line_puts(&l, " ");
+		}
 	}
 	line_put_escaped(&l, msg, json);
 	if (l.full) {

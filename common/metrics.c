@@ -171,6 +171,11 @@ const char *outcome_name(enum outcome o)
 	return outcome_names[o];
 }
 
+const char *client_error_name(enum client_error e)
+{
+	return client_error_names[e];
+}
+
 const char *upstream_error_name(enum upstream_error e)
 {
 	return upstream_error_names[e];

@@ -196,6 +196,7 @@ void metrics_store_error(enum store_kind k);
 void metrics_observe(enum histogram h, double seconds);
 
 const char *outcome_name(enum outcome o);
+const char *client_error_name(enum client_error e);
 const char *upstream_error_name(enum upstream_error e);
 const char *unknown_cause_name(enum unknown_cause c);
 

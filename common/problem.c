@@ -156,8 +156,14 @@ static size_t fitting_prefix(const char *s, size_t n, size_t room)
 
 size_t problem_render(enum problem p, const char *detail, char *buf, size_t len)
 {
+	return problem_render_id(p, detail, NULL, buf, len);
+}
+
+size_t problem_render_id(enum problem p, const char *detail,
+			 const char *request_id, char *buf, size_t len)
+{
 	const char *d = detail ? detail : problems[p].title;
-	size_t n = strlen(d), fixed;
+	size_t n = strlen(d), fixed, rn = request_id ? strlen(request_id) : 0;
 	char head[192], mid[128];
 	int hn, mn;
 	struct out o = { buf, len, 0 };
@@ -175,14 +181,22 @@ size_t problem_render(enum problem p, const char *detail, char *buf, size_t len)
 	if (hn < 0 || (size_t)hn >= sizeof(head) || mn < 0 ||
 	    (size_t)mn >= sizeof(mid))
 		abort();	/* a row longer than the table allows */
-	fixed = (size_t)hn + (size_t)mn + 3;
+	if (rn > PROBLEM_REQUEST_ID_MAX)
+		rn = 0;		/* not one of ours: left out */
+	fixed = (size_t)hn + (size_t)mn + 3 + (rn ? rn + 16 : 0);
 	/* the detail appears twice: each copy gets half of what is left */
 	n = fitting_prefix(d, n, len - 1 > fixed ? (len - 1 - fixed) / 2 : 0);
 	out_add(&o, head, (size_t)hn);
 	out_escaped(&o, d, n);
 	out_add(&o, mid, (size_t)mn);
 	out_escaped(&o, d, n);
-	out_add(&o, "\"}}", 3);
+	out_add(&o, "\"}", 2);
+	if (rn > 0) {
+		out_add(&o, ",\"request_id\":\"", 15);
+		out_escaped(&o, request_id, rn);
+		out_add(&o, "\"", 1);
+	}
+	out_add(&o, "}", 1);
 	buf[o.at] = '\0';
 	return o.at;
 }

@@ -76,6 +76,17 @@ const char *http_reason(int status);
  */
 size_t problem_render(enum problem p, const char *detail, char *buf, size_t len);
 
+/* The longest request id a document carries (a longer one is left out). */
+#define PROBLEM_REQUEST_ID_MAX 128
+
+/* The same with a "request_id" member after "error" (request_id NULL: none,
+ * as problem_render). Room for it: PROBLEM_BODY_MAX(n) +
+ * PROBLEM_REQUEST_ID_EXTRA. The id is never shortened: it is left out
+ * whole when longer than PROBLEM_REQUEST_ID_MAX. */
+#define PROBLEM_REQUEST_ID_EXTRA (16 + 6 * PROBLEM_REQUEST_ID_MAX)
+size_t problem_render_id(enum problem p, const char *detail,
+			 const char *request_id, char *buf, size_t len);
+
 /*
  * The problem (502 or 504) and detail for a failed upstream exchange: one
  * mapping, so that a stored 502 is byte for byte the live one.

@@ -185,8 +185,13 @@ static void conn_read_timeout(struct conn *c, uint64_t ms)
 /* How the connection goes on after the response being written. */
 static struct reply_conn conn_reply_conn(const struct conn *c)
 {
-	struct reply_conn rc = { cf_has(c, CF(CLOSE_AFTER)), c->http_minor == 0 };
+	struct reply_conn rc = { cf_has(c, CF(CLOSE_AFTER)), c->http_minor == 0,
+				 c->loop->cfg->request_id_header, NULL };
 
+	if (c->rl.active) {
+		rc.rid_name = c->cfg->request_id_header;
+		rc.rid = c->rl.request_id;
+	}
 	return rc;
 }
 
@@ -213,6 +218,7 @@ static bool write_problem(struct conn *c, enum problem p, const char *detail,
 		conn_close(c, problem_slug(p));
 		return false;
 	}
+	c->rl.status = problem_status(p);
 	reply_problem(bufferevent_get_output(c->bev), p, detail, conn_reply_conn(c));
 	log_debug("conn %s: %d %s", c->peer, problem_status(p), problem_slug(p));
 	cf_set(c, CF(RESP_STARTED));
@@ -240,6 +246,7 @@ static void refuse(struct conn *c, enum problem p, enum client_error e,
 		   const char *detail)
 {
 	metrics_client_error(e);
+	c->refused = (int)e;
 	c->method = -1;		/* not counted as a request */
 	cf_clr(c, CF(REQ_DONE));	/* forces the close */
 	respond_problem(c, p, detail, true);
@@ -336,6 +343,37 @@ static void drop_mode(struct conn *c)
 }
 
 /*
+ * The request is over (error NULL), or cut short (error says why): its
+ * access-log line and spans (reqlog.c). Once per request: reqlog_finish()
+ * clears rl.active.
+ */
+static void log_request(struct conn *c, const char *error)
+{
+	struct reqlog_end e;
+
+	if (!c->rl.active)
+		return;
+	e = (struct reqlog_end){
+		.cfg = c->cfg,
+		.fields = c->rl_method != NULL ? &c->head.fields : NULL,
+		.peer = c->peer,
+		.tls = c->ssl != NULL,
+		.method = c->rl_method,
+		.target = c->head.target,
+		.protocol = c->http_minor == 0 ? "HTTP/1.0" : "HTTP/1.1",
+		.route = c->route,
+		.outcome = c->refused >= 0 ?
+			   client_error_name((enum client_error)c->refused) :
+			   outcome_name(c->outcome),
+		.key = c->key.key,
+		.error = error,
+	};
+	if (c->req_body == BODY_LENGTH)
+		c->rl.bytes_in += c->req_length - c->req_remaining;
+	reqlog_finish(&c->rl, &e);
+}
+
+/*
  * Close now and put the connection on the reap list: the memory is freed on
  * the next loop turn, after every callback that might still look at it has
  * returned.
@@ -350,6 +388,7 @@ static void conn_close(struct conn *c, const char *reason)
 		  state_names[c->state],
 		  conn_flags_str(c->flags, flags, sizeof(flags)));
 	drop_mode(c);
+	log_request(c, reason);		/* one cut short */
 	evtimer_del(c->timer);
 	event_del(c->kick);
 	event_del(c->flush);
@@ -407,6 +446,8 @@ static void reset_request(struct conn *c)
 	c->route = NULL;
 	c->key.key[0] = '\0';
 	c->key.pending = false;
+	c->refused = -1;
+	c->rl.active = false;
 	body_clear(&c->body);
 	llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
 	c->parser.data = c;
@@ -425,6 +466,7 @@ static void conn_end_request(struct conn *c)
 	drop_mode(c);		/* an engine still working records on its own */
 	if (c->method >= 0)
 		metrics_outcome(c->outcome);
+	log_request(c, NULL);
 	c->method = -1;
 	reset_request(c);
 	if (close) {
@@ -463,6 +505,7 @@ static int on_message_begin(llhttp_t *p)
 
 	conn_set_state(c, CONN_ST_READ_HEAD);
 	c->cfg = config_ref(c->loop->cfg);
+	reqlog_begin(&c->rl);
 	c->head.max = c->cfg->max_header_size;
 	tv = clock_tv(c->cfg->client_timeout_ms);
 	conn_read_timeout(c, 0);
@@ -591,12 +634,14 @@ static int conn_feed_parser(struct conn *c)
 		err = llhttp_execute(&c->parser, v.iov_base, v.iov_len);
 		switch (err) {
 		case HPE_OK:
+			c->rl.bytes_in += v.iov_len;
 			evbuffer_drain(in, v.iov_len);
 			continue;
 		case HPE_PAUSED:
 		case HPE_PAUSED_UPGRADE:
 			used = (size_t)(llhttp_get_error_pos(&c->parser) -
 					(const char *)v.iov_base);
+			c->rl.bytes_in += used;
 			evbuffer_drain(in, used);
 			return 1;
 		default:
@@ -671,6 +716,8 @@ static void head_complete(struct conn *c)
 	c->http_minor = p->http_minor;
 	if (h1_keep_alive(&c->head.fields, c->http_major, c->http_minor))
 		cf_set(c, CF(KEEP_ALIVE));
+	c->rl_method = llhttp_method_name((llhttp_method_t)p->method);
+	reqlog_head(&c->rl, c->cfg, &c->head.fields);
 	why = head_unacceptable(c, &prob);
 	if (why != NULL) {
 		refuse(c, prob, CLIENT_ERROR_BAD_REQUEST, why);
@@ -732,6 +779,7 @@ static void conn_client_head(struct conn *c, const struct upstream_resp *r)
 				cf_set(c, CF(CLOSE_AFTER));
 		}
 		cf_set(c, CF(RESP_STARTED));
+		c->rl.status = r->status;
 	}
 	reply_relay_head(bufferevent_get_output(c->bev), r, keep_cl,
 			 cf_has(c, CF(RESP_CHUNKED)), conn_reply_conn(c));
@@ -948,6 +996,7 @@ static void output_added(struct evbuffer *buf, const struct evbuffer_cb_info *in
 {
 	struct conn *c = arg;
 
+	c->rl.bytes_out += info->n_added;
 	if (info->n_added > 0 && !c->flush_armed &&
 	    !(bufferevent_get_enabled(c->bev) & EV_WRITE)) {
 		c->flush_armed = true;
@@ -966,6 +1015,7 @@ struct conn *conn_new(struct conn_loop *l, evutil_socket_t fd,
 	c->ops = &conn_ops_table;
 	c->loop = l;
 	c->method = -1;
+	c->refused = -1;
 	c->read_timeout_ms = RT_UNSET;
 	if (l->tls != NULL) {
 		if (conn_tls_accept(c, fd) < 0) {

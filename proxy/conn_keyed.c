@@ -51,6 +51,10 @@ static void sink_replay(void *client, struct stored_response *r)
 
 	engine_let_go(c);
 	c->outcome = OUTCOME_REPLAYED;
+	c->rl.status = r->status;
+	if (!reply_stored_id(r, c->cfg->request_id_header, c->rl.original_id,
+			     sizeof(c->rl.original_id)))
+		c->rl.original_id[0] = '\0';
 	if (!cf_has(c, CF(KEEP_ALIVE)) || c->draining)
 		cf_set(c, CF(CLOSE_AFTER));
 	reply_replay(bufferevent_get_output(c->bev), r, c->method == HTTP_HEAD,
@@ -157,6 +161,7 @@ static void on_issued(void *arg, const struct store_result *res)
 		return;
 	}
 	c->outcome = OUTCOME_KEY_ISSUED;
+	c->rl.status = 200;
 	/* a GET with a body we did not read: its bytes must never be
 	 * parsed as the next request (fuzz_request finding) */
 	if (!cf_has(c, CF(KEEP_ALIVE)) || !cf_has(c, CF(REQ_DONE)) ||
@@ -201,6 +206,8 @@ static struct keyed_head keyed_head(const struct conn *c)
 		.body = c->req_body, .length = c->req_length, .peer = c->peer,
 		.tls = c->ssl != NULL,
 		.tls_subject = c->tls_subject, .tls_san = c->tls_san,
+		.request_id = c->rl.request_id,
+		.traceparent = reqlog_traceparent(&c->rl),
 	};
 
 	return h;
@@ -221,6 +228,9 @@ static void start_claim(struct conn *c)
 		c->ops->answer(c, a.problem, a.detail, a.outcome, a.close);
 		return;
 	}
+	memcpy(c->rl.scope, req.claim.key.scope, sizeof(c->rl.scope) - 1);
+	c->rl.scope[sizeof(c->rl.scope) - 1] = '\0';
+	req.rl = &c->rl;
 	c->idem = idem_start(&c->loop->idem, &req, &conn_sink, c);
 	if (c->idem == NULL) {
 		c->ops->answer(c, PROBLEM_STORE_UNAVAILABLE, "cannot start the claim",

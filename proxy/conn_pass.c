@@ -47,6 +47,8 @@ static int start_exchange(struct conn *c, bool fresh)
 		.tls = c->ssl != NULL, .cfg = c->cfg,
 		.body = c->req_body, .length = c->req_length,
 		.client_subject = c->tls_subject, .client_san = c->tls_san,
+		.request_id = c->rl.request_id,
+		.traceparent = reqlog_traceparent(&c->rl),
 	};
 
 	/* a request that is not retried on a stale connection (it has a
@@ -62,6 +64,8 @@ static int start_exchange(struct conn *c, bool fresh)
 		return -1;
 	c->mode = CONN_MODE_PASS;
 	c->up_start_ms = clock_ms();
+	c->rl.forwarded = true;
+	reqlog_phase_begin(&c->rl, REQLOG_UPSTREAM);
 	reqhead_write(upstream_output(c->up), &rh);
 	return 0;
 }
@@ -162,6 +166,7 @@ static void up_on_done(void *arg)
 	c->ops->client_done(c);
 	metrics_observe(HISTOGRAM_upstream_seconds,
 			(double)(clock_ms() - c->up_start_ms) / 1e3);
+	reqlog_phase_end(&c->rl, REQLOG_UPSTREAM);
 	if (!cf_has(c, CF(REQ_DONE))) {
 		/* The upstream answered before reading the whole body. The
 		 * connection cannot carry another request. */
@@ -189,7 +194,9 @@ static void up_on_error(void *arg, enum upstream_error err, unsigned how)
 			return;
 		}
 	}
-	log_warn("conn %s: upstream %s on %s %s", c->peer,
+	reqlog_phase_end(&c->rl, REQLOG_UPSTREAM);
+	c->rl.upstream_error = upstream_error_name(err);
+	log_warn_req(c->rl.request_id, "conn %s: upstream %s on %s %s", c->peer,
 		 upstream_error_name(err),
 		 llhttp_method_name((llhttp_method_t)c->method), c->head.target);
 	if (c->ops->upstream_error(c, err))

@@ -22,6 +22,7 @@
 #include "metrics.h"
 #include "problem.h"
 #include "reply.h"
+#include "reqlog.h"
 
 struct bufferevent;
 struct config;
@@ -141,6 +142,10 @@ struct conn {
 	uint64_t req_length;		/* BODY_LENGTH: as declared */
 	uint64_t req_remaining;		/* BODY_LENGTH: still to come */
 	enum outcome outcome;
+	int refused;			/* enum client_error of a request that
+					 * never became one; -1: none */
+	const char *rl_method;		/* its method's name; NULL: head not in */
+	struct reqlog rl;		/* what it did: access log, spans */
 
 	/* keyed requests (DESIGN.md §1 items 2-10, §4) */
 	const struct policy *policy;	/* the route's, or the global one */

@@ -112,7 +112,7 @@ void conn_tls_established(struct conn *c)
 static void answer_plain_http(struct conn *c)
 {
 	evutil_socket_t fd = bufferevent_getfd(c->bev);
-	struct reply_conn rc = { true, false };
+	struct reply_conn rc = { .close = true };
 	struct evbuffer *out = evbuffer_new();
 	char sink[4096];
 	int n = 16;

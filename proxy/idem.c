@@ -60,6 +60,7 @@
 #include "issue.h"
 #include "log.h"
 #include "probe.h"
+#include "reqlog.h"
 
 /*
  * Completion/release writes and lease extensions that fail are retried
@@ -174,6 +175,9 @@ struct idem {
 	struct stored_response *outcome;	/* what complete() writes; a
 						 * resolver's: the unknown
 						 * outcome it found */
+	struct reqlog *rl;		/* the client's record of the request
+					 * (reqlog.h); NULL with the client */
+	char rid[REQLOG_ID_MAX + 1];	/* its request id, for the event log */
 	struct probe *probe;		/* the outcome probe being asked */
 	int probes;			/* outcome probe attempts made */
 	int probe_status;		/* what it answered (0: nothing) */
@@ -281,6 +285,8 @@ static void settled(struct idem *ix)
 	void *client = ix->client;
 
 	ix->client = NULL;
+
+	ix->rl = NULL;
 	if (client != NULL)
 		ix->sink->settled(client);
 }
@@ -325,6 +331,7 @@ static void idem_done(struct idem *ix)
 	if_clr(ix, IF(OVERDUE));
 	evtimer_del(ix->timer);
 	ix->client = NULL;
+	ix->rl = NULL;
 	ix->state = IDEM_ST_DONE;
 	TAILQ_INSERT_TAIL(&env->done, ix, link);
 	event_active(env->reap, EV_TIMEOUT, 1);
@@ -358,6 +365,7 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 static void let_go(struct idem *ix)
 {
 	ix->client = NULL;
+	ix->rl = NULL;
 	if (ix->state != IDEM_ST_FORWARD && ix->state != IDEM_ST_SETTLE &&
 	    ix->state != IDEM_ST_CHECK && ix->state != IDEM_ST_UNDO &&
 	    ix->state != IDEM_ST_CONFIRM && ix->state != IDEM_ST_RETAKE &&
@@ -381,6 +389,7 @@ static void let_go_if_alone(struct idem *ix)
 
 static void observe_wait(struct idem *ix)
 {
+	reqlog_phase_end(ix->rl, REQLOG_WAIT);
 	if (if_has(ix, IF(WAITED)))
 		metrics_observe(HISTOGRAM_wait_seconds, seconds_since(ix->wait_start_ms));
 }
@@ -393,6 +402,7 @@ static void finish_problem(struct idem *ix, enum problem p, const char *detail,
 	if (ix->client != NULL)
 		ix->sink->problem(ix->client, p, detail, o);
 	ix->client = NULL;
+	ix->rl = NULL;
 	idem_done(ix);
 }
 
@@ -413,11 +423,16 @@ static bool stored_field(const struct hdrlist *h, uint32_t i, void *arg)
 		return true;
 	if (httphdr_drop_on_forward(h, i))
 		return false;
+	if (h->v[i].name_len == strlen(ix->req.cfg->request_id_header) &&
+	    strncasecmp(hdr_name(h, i), ix->req.cfg->request_id_header,
+			h->v[i].name_len) == 0)
+		return false;	/* the request's own id is stored instead */
 	return policy_scoped(ix->req.policy) || h->v[i].name_len != 10 ||
 	       strcasecmp(hdr_name(h, i), "set-cookie") != 0;
 }
 
-/* Serialise the end-to-end fields of a response for storage. */
+/* Serialise the end-to-end fields of a response for storage, with the
+ * request id of the request that executed (a replay names it). */
 static void capture_head(struct idem *ix, const struct upstream_resp *r)
 {
 	struct h1_out o;
@@ -425,6 +440,12 @@ static void capture_head(struct idem *ix, const struct upstream_resp *r)
 	ix->status = r->status;
 	h1_out_init(&o, ix->cap_head);
 	h1_write_fields(&o, r->headers, stored_field, ix);
+	if (ix->rid[0] != '\0') {
+		h1_out_str(&o, ix->req.cfg->request_id_header);
+		h1_out_add(&o, ": ", 2);
+		h1_out_str(&o, ix->rid);
+		h1_out_add(&o, "\r\n", 2);
+	}
 	h1_out_flush(&o);
 }
 
@@ -477,13 +498,14 @@ static void up_done(void *arg)
 	struct idem *ix = arg;
 
 	metrics_observe(HISTOGRAM_upstream_seconds, seconds_since(ix->up_start_ms));
+	reqlog_phase_end(ix->rl, REQLOG_UPSTREAM);
 	upstream_release(ix->up);
 	ix->up = NULL;
 	evtimer_del(ix->timer);
 	disarm_deadline(ix);
 	if (if_has(ix, IF(LATE))) {
 		metrics_count(COUNTER_late_responses_total);
-		log_info("key %s: the late response came after %.1f s (status "
+		log_info_req(ix->rid, "key %s: the late response came after %.1f s (status "
 			 "%d); stored for the retries", ix->req.claim.key.key,
 			 seconds_since(ix->up_start_ms), ix->status);
 	}
@@ -580,11 +602,15 @@ static void up_error(void *arg, enum upstream_error err, unsigned how)
 	if (how & UPSTREAM_SENT)
 		if_set(ix, IF(SENT));
 	ix->error = err;
+	if (ix->rl != NULL) {
+		reqlog_phase_end(ix->rl, REQLOG_UPSTREAM);
+		ix->rl->upstream_error = upstream_error_name(err);
+	}
 	if (ix->cause != UNKNOWN_CAUSE_DEADLINE)
 		ix->cause = failure_cause(err);
 	evtimer_del(ix->timer);
 	disarm_deadline(ix);
-	log_warn("key %s: upstream %s%s", ix->req.claim.key.key,
+	log_warn_req(ix->rid, "key %s: upstream %s%s", ix->req.claim.key.key,
 		 upstream_error_name(err), (how & UPSTREAM_SENT) ?
 		 " after the request was sent" : " before anything was sent");
 	if (ix->client != NULL) {
@@ -611,7 +637,7 @@ static bool up_slow(void *arg)
 	if (arm_deadline(ix, limit - spent) < 0)
 		return false;	/* out of memory: a timeout, as before */
 	if_set(ix, IF(LATE));
-	log_info("key %s: no response head within %.1f s; the client gets 504 "
+	log_info_req(ix->rid, "key %s: no response head within %.1f s; the client gets 504 "
 		 "and the exchange goes on for up to %.0f s more",
 		 ix->req.claim.key.key, (double)spent / 1e3,
 		 (double)(limit - spent) / 1e3);
@@ -654,7 +680,7 @@ static void on_extended(void *arg, const struct store_result *res)
 			arm_timer(ix, half_lease_left(ix));
 		return;
 	case STORE_FENCED:
-		log_warn("key %s: lease lost while executing (taken over, or "
+		log_warn_req(ix->rid, "key %s: lease lost while executing (taken over, or "
 			 "the key purged by an operator)", ix->req.claim.key.key);
 		return;
 	default:
@@ -665,7 +691,7 @@ static void on_extended(void *arg, const struct store_result *res)
 			arm_timer(ix, wait);
 			return;
 		}
-		log_error("key %s: the lease could not be extended (store %s); "
+		log_error_req(ix->rid, "key %s: the lease could not be extended (store %s); "
 			  "another request may take the key over",
 			  ix->req.claim.key.key, store_status_name(res->status));
 		return;
@@ -702,6 +728,10 @@ static bool send_request(struct idem *ix)
 	if (ix->up == NULL)
 		return false;
 	ix->up_start_ms = clock_ms();
+	if (ix->rl != NULL) {
+		ix->rl->forwarded = true;
+		reqlog_phase_begin(ix->rl, REQLOG_UPSTREAM);
+	}
 	evbuffer_add_buffer(upstream_output(ix->up), ix->req.request);
 	upstream_request_sent(ix->up);
 	return true;
@@ -741,7 +771,7 @@ static bool overdue_allows(struct idem *ix, uint64_t wait)
 	if (first)
 		metrics_count(COUNTER_completion_failures_total);
 	if (clock_ms() + wait >= ix->claim_sent_ms + life) {
-		log_error("key %s: could not write the outcome before the %s; "
+		log_error_req(ix->rid, "key %s: could not write the outcome before the %s; "
 			  "given up%s", cl->key.key,
 			  first ? "lease ran out" : "record expired",
 			  first ? ": the key stays in flight and may execute "
@@ -751,13 +781,13 @@ static bool overdue_allows(struct idem *ix, uint64_t wait)
 	if (!first)
 		return true;
 	if (ix->env->noverdue >= OVERDUE_MAX) {
-		log_error("key %s: could not write the outcome before the lease "
+		log_error_req(ix->rid, "key %s: could not write the outcome before the lease "
 			  "ran out, and %d others are still being retried; given "
 			  "up: the key stays in flight and may execute again",
 			  cl->key.key, OVERDUE_MAX);
 		return false;
 	}
-	log_error("key %s: could not write the outcome before the lease ran "
+	log_error_req(ix->rid, "key %s: could not write the outcome before the lease ran "
 		  "out; still trying until the record expires (a retry that "
 		  "comes first takes the key over and may execute again)",
 		  cl->key.key);
@@ -778,18 +808,19 @@ static void on_settled(void *arg, const struct store_result *res)
 	uint64_t wait;
 
 	ix->op = NULL;
+	reqlog_phase_end(ix->rl, REQLOG_STORE);
 	switch (res->status) {
 	case STORE_OK:
 		if (if_has(ix, IF(OVERDUE)))
-			log_warn("key %s: outcome written after the lease ran "
+			log_warn_req(ix->rid, "key %s: outcome written after the lease ran "
 				 "out (%d failed attempts); nobody had taken the "
 				 "key over", ix->req.claim.key.key, ix->attempts);
 		else if (ix->attempts > 0)
-			log_info("key %s: outcome written after %d failed "
+			log_info_req(ix->rid, "key %s: outcome written after %d failed "
 				 "attempt(s)", ix->req.claim.key.key, ix->attempts);
 		break;
 	case STORE_FENCED:
-		log_warn("key %s: not ours any more (lease taken over, or the "
+		log_warn_req(ix->rid, "key %s: not ours any more (lease taken over, or the "
 			 "key purged by an operator); outcome not written",
 			 ix->req.claim.key.key);
 		break;
@@ -798,7 +829,7 @@ static void on_settled(void *arg, const struct store_result *res)
 		if (lease_allows(ix, wait) || overdue_allows(ix, wait)) {
 			metrics_count(COUNTER_completion_retries_total);
 			if (ix->attempts == 1)
-				log_warn("key %s: could not write the outcome (%s); "
+				log_warn_req(ix->rid, "key %s: could not write the outcome (%s); "
 					 "retrying", ix->req.claim.key.key,
 					 store_status_name(res->status));
 			settled(ix);
@@ -823,6 +854,7 @@ static void write_settlement(struct idem *ix)
 {
 	struct store *s = ix->env->store;
 
+	reqlog_phase_begin(ix->rl, REQLOG_STORE);
 	if (ix->outcome != NULL)
 		ix->op = store_complete(s, ix->env->base, &ix->req.claim.key,
 					ix->owner, ix->req.claim.fp, ix->outcome, ix->req.claim.ttl_ms,
@@ -877,7 +909,7 @@ static void settle(struct idem *ix)
 		if (if_has(ix, IF(FAILED)) && if_has(ix, IF(SENT)) &&
 		    !if_has(ix, IF(RESP_HEAD))) {
 			metrics_count(COUNTER_unknown_outcomes_released_total);
-			log_warn("key %s: outcome unknown (%s); released for a "
+			log_warn_req(ix->rid, "key %s: outcome unknown (%s); released for a "
 				 "retry (unknown_outcome = release)",
 				 ix->req.claim.key.key,
 				 unknown_cause_name(ix->cause));
@@ -885,7 +917,8 @@ static void settle(struct idem *ix)
 		break;
 	case SETTLE_UNKNOWN:
 		metrics_unknown_outcome(ix->cause);
-		log_warn("key %s: the request reached the upstream and its "
+		reqlog_unknown(ix->rl, ix->cause);
+		log_warn_req(ix->rid, "key %s: the request reached the upstream and its "
 			 "outcome is unknown (%s); recorded as such, it is not "
 			 "sent again%s", ix->req.claim.key.key,
 			 unknown_cause_name(ix->cause),
@@ -899,7 +932,7 @@ static void settle(struct idem *ix)
 	if (kind != SETTLE_RELEASE && ix->outcome == NULL) {
 		/* never a release in its place: the lease runs out, and the
 		 * key's outcome becomes unknown */
-		log_error("key %s: out of memory for the outcome; the key stays "
+		log_error_req(ix->rid, "key %s: out of memory for the outcome; the key stays "
 			  "in flight until its lease runs out",
 			  ix->req.claim.key.key);
 		metrics_count(COUNTER_completion_failures_total);
@@ -950,6 +983,7 @@ static void finish_replay(struct idem *ix, struct stored_response *r)
 	if (ix->client != NULL)
 		ix->sink->replay(ix->client, r);
 	ix->client = NULL;
+	ix->rl = NULL;
 	idem_done(ix);
 }
 
@@ -957,7 +991,7 @@ static void finish_replay(struct idem *ix, struct stored_response *r)
 static void probe_gave_up(struct idem *ix)
 {
 	metrics_probe(PROBE_RESULT_UNKNOWN);
-	log_warn("key %s: the outcome probe answered %d after %d attempt(s); "
+	log_warn_req(ix->rid, "key %s: the outcome probe answered %d after %d attempt(s); "
 		 "the outcome stays unknown", ix->req.claim.key.key,
 		 ix->probe_status, ix->probes);
 	if (if_has(ix, IF(RESOLVER)) && ix->outcome != NULL) {
@@ -973,7 +1007,7 @@ static void on_probe_written(void *arg, const struct store_result *res)
 	bool found = ix->probe_status != 404;
 
 	ix->op = NULL;
-	log_info("key %s: outcome probe answered %d; %s %s",
+	log_info_req(ix->rid, "key %s: outcome probe answered %d; %s %s",
 		 ix->req.claim.key.key, ix->probe_status,
 		 found ? "stored as its response:" : "released:",
 		 store_status_name(res->status));
@@ -1089,7 +1123,7 @@ static void forward_owned(struct idem *ix)
 			      OUTCOME_STORE_UNAVAILABLE);
 		return;
 	}
-	log_warn("key %s: won, but the lease ran out (%llu ms after the claim "
+	log_warn_req(ix->rid, "key %s: won, but the lease ran out (%llu ms after the claim "
 		 "was sent); extending it before the request is sent",
 		 ix->req.claim.key.key,
 		 (unsigned long long)(clock_ms() - ix->claim_sent_ms));
@@ -1144,7 +1178,7 @@ static void on_confirmed(void *arg, const struct store_result *res)
 		/* taken over (an at-least-once route), purged, or - the lease
 		 * having run out - recorded as unknown under our token. Nothing
 		 * was sent: give it back if it is still ours, then claim again */
-		log_warn("key %s: the lease ran out before the request was sent; "
+		log_warn_req(ix->rid, "key %s: the lease ran out before the request was sent; "
 			 "giving the key back and claiming again",
 			 ix->req.claim.key.key);
 		ix->state = IDEM_ST_RETAKE;
@@ -1269,6 +1303,7 @@ static void on_claim(void *arg, const struct store_result *res)
 	ix->op = NULL;
 	metrics_observe(HISTOGRAM_store_claim_seconds,
 			seconds_since(ix->claim_sent_ms));
+	reqlog_phase_end(ix->rl, REQLOG_CLAIM);
 	switch (res->status) {
 	case STORE_WON:
 		if_set(ix, IF(OWNS));
@@ -1294,12 +1329,14 @@ static void on_claim(void *arg, const struct store_result *res)
 		if (ix->client != NULL)
 			ix->sink->replay(ix->client, res->resp);
 		ix->client = NULL;
+		ix->rl = NULL;
 		idem_done(ix);
 		return;
 	case STORE_UNKNOWN:
 		if (res->lapsed) {
 			metrics_unknown_outcome(UNKNOWN_CAUSE_LEASE);
-			log_warn("key %s: its owner stopped extending the lease "
+			reqlog_unknown(ix->rl, UNKNOWN_CAUSE_LEASE);
+			log_warn_req(ix->rid, "key %s: its owner stopped extending the lease "
 				 "(killed, stalled or cut off from the store) while "
 				 "the request may have executed; its outcome is "
 				 "recorded as unknown and it is not sent again",
@@ -1331,6 +1368,7 @@ static void on_claim(void *arg, const struct store_result *res)
 		if (!if_has(ix, IF(WAITED))) {
 			if_set(ix, IF(WAITED));
 			ix->wait_start_ms = clock_ms();
+			reqlog_phase_begin(ix->rl, REQLOG_WAIT);
 			arm_timer(ix, ix->req.policy->wait_timeout_ms);
 		}
 		ix->state = IDEM_ST_WAIT;
@@ -1345,7 +1383,7 @@ static void on_claim(void *arg, const struct store_result *res)
 	default:
 		evtimer_del(ix->timer);
 		if (ix->req.policy->store_down == STORE_DOWN_FAIL_OPEN) {
-			log_warn("key %s: store %s, forwarding unprotected (fail-open)",
+			log_warn_req(ix->rid, "key %s: store %s, forwarding unprotected (fail-open)",
 				 ix->req.claim.key.key, store_status_name(res->status));
 			forward(ix, OUTCOME_FAIL_OPEN);
 			return;
@@ -1363,6 +1401,7 @@ static void claim(struct idem *ix)
 {
 	ix->state = IDEM_ST_CLAIM;
 	ix->claim_sent_ms = clock_ms();
+	reqlog_phase_begin(ix->rl, REQLOG_CLAIM);
 	ix->op = store_claim(ix->env->store, ix->env->base, &ix->req.claim,
 			     on_claim, ix);
 	if (ix->op == NULL)
@@ -1421,7 +1460,7 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 
 	if (ix->state != IDEM_ST_FORWARD || ix->up == NULL)
 		return;
-	log_warn("key %s: no response within upstream_deadline (%.0f s); "
+	log_warn_req(ix->rid, "key %s: no response within upstream_deadline (%.0f s); "
 		 "giving the exchange up", ix->req.claim.key.key,
 		 (double)ix->req.policy->upstream_deadline_ms / 1e3);
 	metrics_upstream_error(UPSTREAM_ERROR_TIMEOUT);
@@ -1450,6 +1489,9 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 	ix->req.cfg = config_ref(req->cfg);
 	ix->sink = sink;
 	ix->client = client;
+	ix->rl = req->rl;
+	if (req->rl != NULL)
+		memcpy(ix->rid, req->rl->request_id, sizeof(ix->rid));
 	ix->timer = evtimer_new(env->base, timer_cb, ix);
 	ix->cap_head = evbuffer_new();
 	ix->cap_body = evbuffer_new();
@@ -1464,6 +1506,7 @@ struct idem *idem_start(struct idem_env *env, struct idem_request *req,
 		arm_timer(ix, 0);
 	} else {
 		ix->claim_sent_ms = clock_ms();
+		reqlog_phase_begin(ix->rl, REQLOG_CLAIM);
 		ix->op = store_claim(env->store, env->base, &ix->req.claim,
 				     on_claim, ix);
 		if (ix->op == NULL)
@@ -1507,7 +1550,7 @@ void idem_abort_orphans(struct idem_env *env)
 	char flags[128];
 
 	while ((ix = TAILQ_FIRST(&env->orphans)) != NULL) {
-		log_warn("key %s: abandoned at shutdown [%s]; once its lease runs "
+		log_warn_req(ix->rid, "key %s: abandoned at shutdown [%s]; once its lease runs "
 			 "out, a request that reached the upstream has an "
 			 "unknown outcome, any other is free again",
 			 ix->req.claim.key.key,

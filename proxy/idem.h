@@ -24,6 +24,7 @@
 struct evbuffer;
 struct event_base;
 struct idem;
+struct reqlog;
 
 TAILQ_HEAD(idem_list, idem);
 
@@ -85,6 +86,8 @@ struct idem_request {
 	char issued_key[IDEMKEY_MAX + 1];	/* the key without key_prefix */
 	time_t issued_at;		/* from the key; 0: not one of ours */
 	struct evbuffer *request;	/* head + body for the upstream; taken */
+	struct reqlog *rl;		/* the client's record (reqlog.h), marked
+					 * while the client is attached; NULL */
 };
 
 /* Start the claim; the engine takes req->request and a reference to

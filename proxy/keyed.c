@@ -426,6 +426,7 @@ enum keyed_verdict keyed_prepare(const struct keyed_head *h, struct keyed_key *k
 		.cfg = h->cfg, .body = h->body == BODY_NONE ? BODY_NONE : BODY_LENGTH,
 		.length = len, .drop_expect = true,
 		.client_subject = h->tls_subject, .client_san = h->tls_san,
+		.request_id = h->request_id, .traceparent = h->traceparent,
 	};
 
 	memset(req, 0, sizeof(*req));

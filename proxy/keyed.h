@@ -50,6 +50,8 @@ struct keyed_head {
 	bool tls;			/* for X-Forwarded-Proto */
 	const char *tls_subject;	/* the verified client certificate's */
 	const char *tls_san;		/* ... (NULL: none, or not verified) */
+	const char *request_id;		/* reqhead.h's */
+	const char *traceparent;
 };
 
 enum keyed_verdict {

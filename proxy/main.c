@@ -21,6 +21,7 @@
 #include <event2/thread.h>
 #include <event2/util.h>
 
+#include "accesslog.h"
 #include "addrs.h"
 #include "admin.h"
 #include "admin_keys.h"
@@ -29,6 +30,7 @@
 #include "hostport.h"
 #include "keys.h"
 #include "log.h"
+#include "otel_export.h"
 #include "store.h"
 #include "store_cache.h"
 #include "store_memory.h"
@@ -56,7 +58,7 @@ struct daemon {
 	int nworkers;
 	int started;
 	int done;		/* workers whose loop has ended */
-	struct event *sig_term, *sig_int, *sig_hup;
+	struct event *sig_term, *sig_int, *sig_hup, *sig_usr1;
 	struct event *worker_done;
 	bool stopping;
 };
@@ -222,6 +224,13 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
 
 static void reload_config(struct daemon *d);
 
+/* SIGUSR1: logrotate moved the access log; write to a new file. */
+static void on_usr1(evutil_socket_t sig, short what, void *arg)
+{
+	log_info("SIGUSR1: reopening the access log");
+	alog_reopen();
+}
+
 static void on_hup(evutil_socket_t sig, short what, void *arg)
 {
 	struct daemon *d = arg;
@@ -254,6 +263,8 @@ static void reload_config(struct daemon *d)
 	}
 	/* config_reload warned about, and kept, settings that need a restart */
 	log_setup(cfg->log_level, cfg->log_format);
+	if (alog_open(cfg->access_log, err, sizeof(err)) < 0)
+		log_error("SIGHUP: keeping the running access log: %s", err);
 	for (int i = 0; i < d->started; i++)
 		worker_post_config(&d->workers[i], cfg);
 	config_unref(d->cfg);
@@ -367,6 +378,7 @@ static int main_events(struct daemon *d)
 	d->sig_term = evsignal_new(d->base, SIGTERM, on_stop, d);
 	d->sig_int = evsignal_new(d->base, SIGINT, on_stop, d);
 	d->sig_hup = evsignal_new(d->base, SIGHUP, on_hup, d);
+	d->sig_usr1 = evsignal_new(d->base, SIGUSR1, on_usr1, d);
 	d->sweep = event_new(d->base, -1, EV_PERSIST, sweep_cb, d);
 	if (d->sweep != NULL) {
 		struct timeval tv = clock_tv(d->cfg->sweep_interval_ms);
@@ -377,8 +389,10 @@ static int main_events(struct daemon *d)
 		store_sweep(d->store, d->base);
 	}
 	if (d->worker_done == NULL || d->sig_term == NULL || d->sig_int == NULL ||
-	    d->sig_hup == NULL || evsignal_add(d->sig_term, NULL) < 0 ||
-	    evsignal_add(d->sig_int, NULL) < 0 || evsignal_add(d->sig_hup, NULL) < 0)
+	    d->sig_hup == NULL || d->sig_usr1 == NULL ||
+	    evsignal_add(d->sig_term, NULL) < 0 ||
+	    evsignal_add(d->sig_int, NULL) < 0 || evsignal_add(d->sig_hup, NULL) < 0 ||
+	    evsignal_add(d->sig_usr1, NULL) < 0)
 		return -1;
 	return 0;
 }
@@ -451,6 +465,8 @@ static void cleanup(struct daemon *d)
 		event_free(d->sig_int);
 	if (d->sig_hup)
 		event_free(d->sig_hup);
+	if (d->sig_usr1)
+		event_free(d->sig_usr1);
 	if (d->worker_done)
 		event_free(d->worker_done);
 	if (d->sweep)
@@ -699,6 +715,34 @@ static int keys_cmd(int argc, char **argv)
 	return rc;
 }
 
+/* How long the exit waits for the access log and the span exporter. */
+#define EXIT_FLUSH_MS 2000
+
+/* The access log's destination and the span exporter (with the OTEL_*
+ * variables); -1 (exit 2) when the log cannot be opened or the exporter
+ * cannot start. */
+static int open_logs(const struct config *cfg)
+{
+	char err[512];
+
+	if (alog_open(cfg->access_log, err, sizeof(err)) < 0) {
+		log_error("--access-log: %s", err);
+		return -1;
+	}
+	if (cfg->otel_warning != NULL)
+		log_warn("%s", cfg->otel_warning);
+	if (!cfg->otel.enabled)
+		return 0;
+	if (otel_export_start(&cfg->otel, IDEMPROXY_VERSION, err, sizeof(err)) < 0) {
+		log_error("traces: %s", err);
+		return -1;
+	}
+	log_info("traces: spans go to %s (sampler %s)", cfg->otel.endpoint,
+		 cfg->otel_opt[OTEL_OPT_SAMPLER] ? cfg->otel_opt[OTEL_OPT_SAMPLER] :
+		 "as OTEL_TRACES_SAMPLER says, else parentbased_always_on");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct daemon d = { 0 };
@@ -741,11 +785,13 @@ int main(int argc, char **argv)
 		break;
 	}
 	log_setup(d.cfg->log_level, d.cfg->log_format);
-	if (load_files(&d) < 0) {
+	if (load_files(&d) < 0 || open_logs(d.cfg) < 0) {
 		cleanup(&d);
 		return 2;
 	}
 	signal(SIGPIPE, SIG_IGN);
+	signal(SIGUSR1, SIG_IGN);	/* until the loop handles it: never die
+					 * of a logrotate that comes early */
 	if (evthread_use_pthreads() < 0) {
 		log_error("libevent: no thread support");
 		config_unref(d.cfg);
@@ -753,6 +799,10 @@ int main(int argc, char **argv)
 	}
 	rc = run(&d);
 	cleanup(&d);
+	/* what is queued goes out, within bounds: a collector or a pipe that
+	 * does not take it cannot hold the exit */
+	otel_export_stop(EXIT_FLUSH_MS);
+	alog_close(EXIT_FLUSH_MS);
 	libevent_global_shutdown();
 	return rc;
 }

@@ -19,13 +19,31 @@ static void content_length(struct h1_out *o, uint64_t n)
 	h1_out_add(o, "\r\n", 2);
 }
 
+/* "<rid_name>: <rid>\r\n" when the response carries a request id. */
+static void request_id(struct h1_out *o, struct reply_conn rc)
+{
+	if (rc.rid == NULL)
+		return;
+	h1_out_str(o, rc.rid_name);
+	h1_out_add(o, ": ", 2);
+	h1_out_str(o, rc.rid);
+	h1_out_add(o, "\r\n", 2);
+}
+
+/* Is field i named name? */
+static bool named(const struct hdrlist *h, uint32_t i, const char *name)
+{
+	return name != NULL && h->v[i].name_len == strlen(name) &&
+	       strncasecmp(hdr_name(h, i), name, h->v[i].name_len) == 0;
+}
+
 void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
 		   struct reply_conn rc)
 {
 	/* the longest detail passed is struct keyed_answer's, 320 bytes
 	 * (keyed.h); a longer one would be shortened, never cut */
-	char body[PROBLEM_BODY_MAX(320) + 1];
-	size_t len = problem_render(p, detail, body, sizeof(body));
+	char body[PROBLEM_BODY_MAX(320) + PROBLEM_REQUEST_ID_EXTRA + 1];
+	size_t len = problem_render_id(p, detail, rc.rid, body, sizeof(body));
 	int status = problem_status(p);
 	struct h1_out o;
 
@@ -39,30 +57,41 @@ void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
 	if (p == PROBLEM_TOKEN_INVALID)		/* RFC 6750 §3 */
 		h1_out_str(&o, "WWW-Authenticate: Bearer "
 			   "error=\"invalid_token\"\r\n");
+	request_id(&o, rc);
 	h1_write_connection(&o, rc.close, rc.http10);
 	h1_out_add(&o, "\r\n", 2);
 	h1_out_add(&o, body, len);
 	h1_out_flush(&o);
 }
 
+struct relay_filter {
+	bool keep_cl;
+	const char *rid_name;	/* the upstream's own is replaced by ours */
+};
+
 /* End-to-end fields of a relayed head; keep_cl keeps Content-Length. */
 static bool relayed_field(const struct hdrlist *h, uint32_t i, void *arg)
 {
-	bool keep_cl = *(const bool *)arg;
+	const struct relay_filter *f = arg;
 	bool is_cl = h->v[i].name_len == 14 &&
 		     strncasecmp(hdr_name(h, i), "content-length", 14) == 0;
 
-	return !httphdr_drop_on_forward(h, i) || (is_cl && keep_cl);
+	if (named(h, i, f->rid_name))
+		return false;
+	return !httphdr_drop_on_forward(h, i) || (is_cl && f->keep_cl);
 }
 
 void reply_relay_head(struct evbuffer *out, const struct upstream_resp *r,
 		      bool keep_cl, bool chunked, struct reply_conn rc)
 {
+	struct relay_filter f = { keep_cl, rc.rid ? rc.rid_name : NULL };
 	struct h1_out o;
 
 	h1_out_init(&o, out);
 	h1_status_line(&o, r->status);
-	h1_write_fields(&o, r->headers, relayed_field, &keep_cl);
+	h1_write_fields(&o, r->headers, relayed_field, &f);
+	if (r->status >= 200)
+		request_id(&o, rc);
 	if (r->status >= 200) {
 		if (r->body == BODY_LENGTH)
 			content_length(&o, r->content_length);
@@ -80,14 +109,74 @@ static void unref_stored(const void *data, size_t len, void *extra)
 	stored_response_unref(extra);
 }
 
+/*
+ * The stored head's field named `name` ("Name: value\r\n" lines, as
+ * capture_head() wrote them): *at and *len span the whole line, *val and
+ * *vlen its value. False when there is none.
+ */
+static bool stored_line(const struct stored_response *r, const char *name,
+			size_t *at, size_t *len, const char **val, size_t *vlen)
+{
+	size_t n = name != NULL ? strlen(name) : 0, i = 0;
+
+	while (n > 0 && i < r->head_len) {
+		const char *line = r->head + i;
+		const char *eol = memchr(line, '\n', r->head_len - i);
+		size_t ll = eol ? (size_t)(eol - line) + 1 : r->head_len - i;
+
+		if (ll > n + 1 && line[n] == ':' && strncasecmp(line, name, n) == 0) {
+			const char *v = line + n + 1, *e = line + ll;
+
+			while (v < e && (*v == ' ' || *v == '\t'))
+				v++;
+			while (e > v && (e[-1] == '\n' || e[-1] == '\r' ||
+					 e[-1] == ' ' || e[-1] == '\t'))
+				e--;
+			*at = i;
+			*len = ll;
+			*val = v;
+			*vlen = (size_t)(e - v);
+			return true;
+		}
+		i += ll;
+	}
+	return false;
+}
+
+bool reply_stored_id(const struct stored_response *r, const char *rid_name,
+		     char *out, size_t len)
+{
+	size_t at, ll, vlen;
+	const char *v;
+
+	if (!stored_line(r, rid_name, &at, &ll, &v, &vlen) || vlen == 0 ||
+	    vlen >= len)
+		return false;
+	memcpy(out, v, vlen);
+	out[vlen] = '\0';
+	return true;
+}
+
 void reply_replay(struct evbuffer *out, struct stored_response *r, bool head,
 		  struct reply_conn rc)
 {
 	struct h1_out o;
+	size_t at, ll, vlen;
+	const char *v;
 
 	h1_out_init(&o, out);
 	h1_status_line(&o, r->status);
-	h1_out_add(&o, r->head, r->head_len);
+	if (rc.rid != NULL && stored_line(r, rc.rid_name, &at, &ll, &v, &vlen)) {
+		/* the executing request's id is named as the original's */
+		h1_out_add(&o, r->head, at);
+		h1_out_add(&o, r->head + at + ll, r->head_len - at - ll);
+		h1_out_add(&o, REPLY_ORIGINAL_ID ": ", sizeof(REPLY_ORIGINAL_ID) + 1);
+		h1_out_add(&o, v, vlen);
+		h1_out_add(&o, "\r\n", 2);
+	} else {
+		h1_out_add(&o, r->head, r->head_len);
+	}
+	request_id(&o, rc);
 	if (!(head || r->status == 204 || r->status == 304 || r->status < 200))
 		content_length(&o, r->body_len);
 	h1_out_add(&o, "Idempotent-Replayed: true\r\n", 27);
@@ -110,6 +199,7 @@ void reply_issued_key(struct evbuffer *out, const char *key,
 	h1_status_line(&o, 200);
 	h1_out_str(&o, "Content-Type: application/json\r\n"
 		   "Cache-Control: no-store\r\n");
+	request_id(&o, rc);
 	content_length(&o, strlen(key) + 10);
 	h1_write_connection(&o, rc.close, rc.http10);
 	h1_out_add(&o, "\r\n{\"key\":\"", 10);

@@ -21,7 +21,12 @@ struct upstream_resp;
 struct reply_conn {
 	bool close;		/* the connection ends after this response */
 	bool http10;		/* the client speaks HTTP/1.0 */
+	const char *rid_name;	/* the request id's field (--request-id-header) */
+	const char *rid;	/* ... and value; NULL: none is written */
 };
+
+/* The field a replay names the request that executed with. */
+#define REPLY_ORIGINAL_ID "Idempotent-Original-Request-Id"
 
 /* A problem document, with Retry-After: 1 where DESIGN §7 wants it. */
 void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
@@ -37,9 +42,16 @@ void reply_relay_head(struct evbuffer *out, const struct upstream_resp *r,
 		      bool keep_cl, bool chunked, struct reply_conn rc);
 
 /* A stored response, marked Idempotent-Replayed; the body is shared with
- * the store by reference (none for HEAD). */
+ * the store by reference (none for HEAD). The request id stored with it
+ * (the request that executed) is written as REPLY_ORIGINAL_ID, and this
+ * request's as rc.rid_name. */
 void reply_replay(struct evbuffer *out, struct stored_response *r, bool head,
 		  struct reply_conn rc);
+
+/* The request id a stored response keeps (the request that executed,
+ * stored under rid_name) into out (len bytes); false when it has none. */
+bool reply_stored_id(const struct stored_response *r, const char *rid_name,
+		     char *out, size_t len);
 
 /* 200 {"key":"..."} for GET /.well-known/idempotency-key. */
 void reply_issued_key(struct evbuffer *out, const char *key,

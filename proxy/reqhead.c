@@ -93,6 +93,13 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 		return true;
 	if (httphdr_drop_on_forward(h, i))
 		return false;
+	if (r->request_id != NULL &&
+	    n == strlen(r->cfg->request_id_header) &&
+	    strncasecmp(name, r->cfg->request_id_header, n) == 0)
+		return false;	/* written below, the same when well-formed */
+	if (r->traceparent != NULL && n == 11 &&
+	    strncasecmp(name, "traceparent", 11) == 0)
+		return false;	/* ours: its parent is our span */
 	return !(r->drop_expect && n == 6 && strcasecmp(name, "expect") == 0);
 }
 
@@ -137,6 +144,12 @@ void reqhead_write(struct evbuffer *out, const struct reqhead *r)
 		write_field(&o, "X-Client-Cert-Subject: ", r->client_subject);
 	if (r->client_san != NULL)
 		write_field(&o, "X-Client-Cert-SAN: ", r->client_san);
+	if (r->request_id != NULL) {
+		h1_out_str(&o, r->cfg->request_id_header);
+		write_field(&o, ": ", r->request_id);
+	}
+	if (r->traceparent != NULL)
+		write_field(&o, "traceparent: ", r->traceparent);
 	if (r->body == BODY_LENGTH) {
 		h1_out_add(&o, "Content-Length: ", 16);
 		h1_out_dec(&o, r->length);

@@ -4,7 +4,8 @@
  * client sent none, X-Forwarded-For/-Proto/-Host (DESIGN.md §1, §7), the
  * verified client certificate's names (X-Client-Cert-Subject and -SAN, with
  * --tls-client-ca: the client's own fields of those names are dropped, also
- * spelt with '_' for '-'), and our own body framing.
+ * spelt with '_' for '-'), the request id and our traceparent (in place of
+ * the client's fields of those names), and our own body framing.
  */
 #ifndef IDEMPROXY_REQHEAD_H
 #define IDEMPROXY_REQHEAD_H
@@ -29,6 +30,10 @@ struct reqhead {
 	bool drop_expect;		/* the proxy answered 100-continue */
 	const char *client_subject;	/* a verified client certificate's: */
 	const char *client_san;		/* X-Client-Cert-Subject / -SAN */
+	const char *request_id;		/* as cfg->request_id_header: replaces
+					 * the client's field; NULL: none */
+	const char *traceparent;	/* ours, replacing the client's; NULL:
+					 * the client's goes as it came */
 };
 
 void reqhead_write(struct evbuffer *out, const struct reqhead *r);

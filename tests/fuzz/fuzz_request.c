@@ -232,7 +232,7 @@ static int feed(struct client *c)
 static void answer(struct client *c, enum problem p, const char *detail,
 		   bool close, int minor)
 {
-	struct reply_conn rc = { close, minor == 0 };
+	struct reply_conn rc = { .close = close, .http10 = minor == 0 };
 
 	evbuffer_add_printf(c->out, "<< answer\n");
 	reply_problem(c->out, p, detail, rc);
@@ -246,7 +246,7 @@ static void answer(struct client *c, enum problem p, const char *detail,
  */
 static void refused(struct client *c, enum problem p, const char *detail)
 {
-	struct reply_conn rc = { true, false };
+	struct reply_conn rc = { .close = true };
 
 	evbuffer_add_printf(c->out, "<< refused, closed\n");
 	reply_problem(c->chunks, p, detail, rc);

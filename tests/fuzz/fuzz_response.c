@@ -267,7 +267,7 @@ static void check_replay(const struct exchange *x)
 		hlen ? (const char *)evbuffer_pullup(x->cap_head, -1) : "", hlen,
 		blen ? (const char *)evbuffer_pullup(x->sent, -1) : "", blen, true);
 	struct evbuffer *out = evbuffer_new();
-	struct reply_conn rc = { x->close_after, x->flags & F_HTTP10 };
+	struct reply_conn rc = { .close = x->close_after, .http10 = x->flags & F_HTTP10 };
 
 	if (r == NULL || out == NULL)
 		abort();

@@ -463,7 +463,7 @@ static void test_keep_alive_and_replies(void)
 {
 	struct hdrlist h;
 	struct evbuffer *out = evbuffer_new();
-	struct reply_conn close = { true, false }, keep10 = { false, true };
+	struct reply_conn close = { .close = true }, keep10 = { .http10 = true };
 	char buf[2048];
 	size_t n;
 
