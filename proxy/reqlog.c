@@ -55,7 +55,7 @@ void reqlog_begin(struct reqlog *rl)
 	rl->original_id[0] = rl->scope[0] = '\0';
 	rl->traced = rl->sampled = false;
 	rl->parent.valid = false;
-	rl->takeover_us = rl->unknown_us = 0;
+	rl->unknown_us = 0;
 	rl->unknown_cause = -1;
 	rl->active = true;
 	rl->wall_us = wall_us();
@@ -121,12 +121,6 @@ void reqlog_phase_end(struct reqlog *rl, enum reqlog_phase ph)
 {
 	if (rl != NULL && rl->phase[ph][0] != 0)
 		rl->phase[ph][1] = clock_us();
-}
-
-void reqlog_takeover(struct reqlog *rl)
-{
-	if (rl != NULL)
-		rl->takeover_us = clock_us();
 }
 
 void reqlog_unknown(struct reqlog *rl, enum unknown_cause cause)
@@ -352,7 +346,7 @@ static void export_spans(const struct reqlog *rl, const struct reqlog_end *e,
 		  .s = rl->unknown_cause >= 0 ?
 		       unknown_cause_name((enum unknown_cause)rl->unknown_cause) : NULL },
 	};
-	struct otel_event events[2];
+	struct otel_event events[1];
 	struct otel_attr up_attrs[6];
 	struct otel_span spans[5];
 	char path[512];
@@ -373,9 +367,6 @@ static void export_spans(const struct reqlog *rl, const struct reqlog_end *e,
 		snprintf(status_s, sizeof(status_s), "%d", rl->status);
 		attrs[9].s = rl->status ? status_s : (e->error ? e->error : "aborted");
 	}
-	if (rl->takeover_us != 0)
-		events[nev++] = (struct otel_event){ "idempotency.takeover",
-			span_ns(rl, rl->takeover_us), NULL, 0 };
 	if (rl->unknown_us != 0)
 		events[nev++] = (struct otel_event){ "idempotency.unknown_outcome",
 			span_ns(rl, rl->unknown_us), cause, 1 };

@@ -53,8 +53,7 @@ struct reqlog {
 	uint8_t up_span_id[OTEL_SPAN_ID_LEN];	/* the upstream exchange */
 	char traceparent[OTEL_TRACEPARENT_LEN + 1];	/* ... its parent */
 	char scope[13];			/* the scope hash's first 12 digits */
-	/* span events */
-	uint64_t takeover_us;		/* a lapsed claim was taken over */
+	/* a span event */
 	uint64_t unknown_us;		/* the outcome became unknown */
 	int unknown_cause;		/* enum unknown_cause; -1: none */
 };
@@ -73,8 +72,7 @@ void reqlog_head(struct reqlog *rl, const struct config *cfg,
 void reqlog_phase_begin(struct reqlog *rl, enum reqlog_phase ph);
 void reqlog_phase_end(struct reqlog *rl, enum reqlog_phase ph);
 
-/* Span events. */
-void reqlog_takeover(struct reqlog *rl);
+/* The outcome became unknown (a span event). */
 void reqlog_unknown(struct reqlog *rl, enum unknown_cause cause);
 
 /* The traceparent for the upstream; NULL when the client's (if any) goes

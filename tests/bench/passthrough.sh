@@ -132,42 +132,6 @@ serving_pids() {
 	esac
 }
 
-# ---- wrk ----------------------------------------------------------------------
-# run_wrk URL DURATION [LUA] [PIDS]: prints "rps p50_ms p99_ms errors cpu_us_per_req";
-# the last is the CPU time the server PIDS used per request during the run
-# (0 without PIDS), a figure much less sensitive to a busy machine than req/s.
-run_wrk() {
-	local url=$1 dur=$2 lua=${3:-} pids=${4:-} secs out t0 t1
-	local args=(-t"$THREADS" -c"$CONNS" -d"$dur" --latency)
-	[[ -n $lua ]] && args+=(-s "$lua")
-	secs=${dur%s}
-	# shellcheck disable=SC2086
-	t0=$(proc_ticks $pids)
-	out=$(timeout $((secs + 30)) "${wrk_cpu[@]}" "$WRK" "${args[@]}" "$url") ||
-		die "wrk failed against $url"
-	# shellcheck disable=SC2086
-	t1=$(proc_ticks $pids)
-	awk -v ticks=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
-	function ms(v) {
-		if (v ~ /us$/) return substr(v, 1, length(v) - 2) / 1000
-		if (v ~ /ms$/) return substr(v, 1, length(v) - 2) + 0
-		if (v ~ /m$/)  return substr(v, 1, length(v) - 1) * 60000
-		if (v ~ /s$/)  return substr(v, 1, length(v) - 1) * 1000
-		return v + 0
-	}
-	/^Requests\/sec:/ { rps = $2 }
-	/ requests in / { n = $1 }
-	/^ +50%/ { p50 = ms($2) }
-	/^ +99%/ { p99 = ms($2) }
-	/Non-2xx or 3xx responses:/ { err += $NF }
-	/Socket errors:/ {
-		for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) err += $i + 0
-	}
-	END { printf "%.0f %.3f %.3f %d %.2f\n", rps, p50, p99, err,
-		(n > 0 ? ticks * 1e6 / hz / n : 0) }
-	' <<<"$out"
-}
-
 # ---- machine facts --------------------------------------------------------------
 git_rev=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [[ -n $(git -C "$ROOT" status --porcelain -- proxy common 2>/dev/null) ]]; then
