@@ -1192,6 +1192,9 @@ void config_print(const struct config *cfg, FILE *out)
 		opt_format(&options[i], cfg, true, val, sizeof(val));
 		fprintf(out, "%s = %s\n", key, val);
 	}
+	/* what the otel_* options and the OTEL_* variables come to */
+	fprintf(out, "otel_traces = %s\n",
+		cfg->otel.enabled ? cfg->otel.endpoint : "off");
 	routes_print(&cfg->routing, out);
 }
 

@@ -396,6 +396,23 @@ def test_upstream_is_the_app_container(docs, settings):
     assert port in app_ports, f"upstream port {port} not in {app_ports}"
 
 
+def test_spans_go_to_a_container_of_the_pod(docs, tmp_path):
+    """OTEL_EXPORTER_OTLP_ENDPOINT names a loopback port another container
+    of the pod (the collector) listens on, and the binary reads it: its
+    --check-config shows tracing on with that endpoint + /v1/traces."""
+    dep, spec, c, others = sidecar(docs)
+    env = container_env(docs, c)
+    endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    assert endpoint, "the sidecar sends no spans (no OTEL_EXPORTER_OTLP_ENDPOINT)"
+    m = re.fullmatch(r"http://([^/:]+):(\d+)/?", endpoint)
+    assert m and m.group(1) in LOOPBACK_HOSTS, endpoint
+    ports = [p["containerPort"] for o in others for p in o.get("ports", [])]
+    assert int(m.group(2)) in ports, f"nothing in the pod listens on {endpoint}"
+    settings = effective_settings(docs, spec, c, tmp_path)
+    assert settings.get("otel_traces") == endpoint.rstrip("/") + "/v1/traces", (
+        settings.get("otel_traces"))
+
+
 def prestop_seconds(c):
     pre = c.get("lifecycle", {}).get("preStop")
     if not pre:
