@@ -152,6 +152,30 @@ panel("TLS handshake errors",
 endrow()
 
 
+# The access log (docs/operations.md "Logs and traces") where a Loki data
+# source holds it: the keyed requests that did not simply pass, newest
+# first. A line's trace_id opens its trace where the Loki data source has
+# the derived field of deploy/grafana/datasources.yaml (Grafana links
+# fields to traces in the data source, not in a dashboard).
+LOGS = {"type": "loki", "uid": "${logs}"}
+row("Requests, one by one (access log)")
+pid += 1
+panels.append({
+    "type": "logs", "title": "Keyed requests: outcome, key, trace", "id": pid,
+    "datasource": LOGS,
+    "description": "The access log's JSON lines (--access-log-format json) "
+                   "of keyed requests, from Loki; expand a line and follow "
+                   "its trace_id to the trace (derived field, "
+                   "deploy/grafana/datasources.yaml).",
+    "gridPos": {"h": 10, "w": 24, "x": 0, "y": y},
+    "options": {"showTime": True, "wrapLogMessage": False, "sortOrder": "Descending",
+                "enableLogDetails": True, "dedupStrategy": "none"},
+    "targets": [{"refId": "A", "datasource": LOGS,
+                 "expr": '{job=~"$job", instance=~"$instance"} |= "request_id" '
+                         '| json | outcome != "passthrough"'}]})
+y += 10
+
+
 def var(name, query, label):
     return {"name": name, "label": label, "type": "query", "datasource": DS,
             "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
@@ -174,6 +198,8 @@ dash = {
     "templating": {"list": [
         {"name": "datasource", "label": "Data source", "type": "datasource",
          "query": "prometheus", "current": {}, "hide": 0, "refresh": 1},
+        {"name": "logs", "label": "Logs", "type": "datasource",
+         "query": "loki", "current": {}, "hide": 0, "refresh": 1},
         var("job", "label_values(idemproxy_requests_total, job)", "Job"),
         var("instance", 'label_values(idemproxy_requests_total{job=~"$job"}, instance)', "Instance"),
     ]},

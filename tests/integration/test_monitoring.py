@@ -349,6 +349,10 @@ def test_dashboard_loads():
     variables = {v["name"]: v for v in doc["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
+    # the access log's panel reads Loki (docs/operations.md "Logs and
+    # traces")
+    assert variables["logs"]["type"] == "datasource"
+    assert variables["logs"]["query"] == "loki"
     for name in ("job", "instance"):
         assert variables[name]["type"] == "query"
         assert variables[name]["datasource"]["uid"] == "${datasource}"
@@ -363,18 +367,20 @@ def test_dashboard_loads():
         if p["type"] == "row":
             continue
         titles.append(p["title"].lower())
-        assert p["datasource"]["uid"] == "${datasource}"
+        uid = "${logs}" if p["type"] == "logs" else "${datasource}"
+        assert p["datasource"]["uid"] == uid
         assert p["targets"], p["title"]
         for t in p["targets"]:
             assert t["expr"] and t["refId"]
-            assert t["datasource"]["uid"] == "${datasource}"
+            assert t["datasource"]["uid"] == uid
             # every panel follows the job and instance variables
             assert 'job=~"$job"' in t["expr"], t["expr"]
             assert 'instance=~"$instance"' in t["expr"], t["expr"]
     text = " ".join(titles)
     for what in ("outcome", "replay", "in flight", "wait", "claim latency",
                  "store errors", "sweeper", "upstream latency",
-                 "upstream errors", "connections", "tls handshake errors"):
+                 "upstream errors", "connections", "tls handshake errors",
+                 "trace"):
         assert what in text, what
 
 
