@@ -649,15 +649,13 @@ static int resolve_numbers(struct otel_settings *s, char **envp, char *err,
 
 /* OTEL_SDK_DISABLED, OTEL_TRACES_EXPORTER, the protocol: is anything sent,
  * and how. */
-static int resolve_switches(struct otel_settings *s,
-			    const char *const opts[OTEL_OPT_COUNT], char **envp,
-			    bool *off, const char **warn, char *err,
+static int resolve_switches(const char *const opts[OTEL_OPT_COUNT],
+			    char **envp, bool *off, const char **warn, char *err,
 			    size_t errlen)
 {
 	struct src src = lookup(opts ? opts[OTEL_OPT_DISABLED] : NULL, envp,
 				"OTEL_SDK_DISABLED", NULL);
 
-	(void)s;
 	if (src.v != NULL) {
 		if (strcasecmp(src.v, "true") == 0)
 			*off = true;
@@ -706,7 +704,7 @@ int otel_settings_resolve(struct otel_settings *out,
 
 	*warn = NULL;
 	if (resolve_endpoint(&s, opts, envp, err, errlen) < 0 ||
-	    resolve_switches(&s, opts, envp, &off, warn, err, errlen) < 0 ||
+	    resolve_switches(opts, envp, &off, warn, err, errlen) < 0 ||
 	    resolve_sampler(&s, opts, envp, err, errlen) < 0 ||
 	    resolve_numbers(&s, envp, err, errlen) < 0)
 		goto fail;
@@ -799,23 +797,22 @@ bool otel_sample(const struct otel_settings *s, const struct otel_parent *parent
 
 /* ---- OTLP/JSON ------------------------------------------------------------ */
 
-/* The caller's growing buffer; oom once a reservation failed (everything
- * after is skipped, and the caller rolls back). */
+/* The caller's growing buffer; oom once a reservation failed (what
+ * follows is skipped, and the caller rolls back). */
 struct jbuf {
 	char *p;
 	size_t len, cap;
 	bool oom;
 };
 
-static bool jb_reserve(struct jbuf *b, size_t n)
+/* The slow path of jb_room: grow by doubling. */
+static bool jb_grow(struct jbuf *b, size_t n)
 {
 	size_t cap;
 	char *p;
 
 	if (b->oom)
 		return false;
-	if (b->cap - b->len >= n)
-		return true;
 	cap = b->cap ? b->cap : 512;
 	while (cap - b->len < n)
 		cap *= 2;
@@ -829,14 +826,21 @@ static bool jb_reserve(struct jbuf *b, size_t n)
 	return true;
 }
 
-static void jb_put(struct jbuf *b, const char *s, size_t n)
+/* Room for n more bytes; false once out of memory. */
+static inline bool jb_room(struct jbuf *b, size_t n)
 {
-	if (!jb_reserve(b, n))
+	return (!b->oom && b->cap - b->len >= n) || jb_grow(b, n);
+}
+
+static inline void jb_put(struct jbuf *b, const char *s, size_t n)
+{
+	if (!jb_room(b, n))
 		return;
 	memcpy(b->p + b->len, s, n);
 	b->len += n;
 }
 
+/* a literal: its length known, its copy inlined */
 #define JB_LIT(b, lit) jb_put((b), (lit), sizeof(lit) - 1)
 
 /* Valid UTF-8 at s (n bytes left): its length, or 0 (RFC 3629: no overlong
@@ -865,20 +869,61 @@ static size_t utf8_len(const unsigned char *s, size_t n)
 	return len;
 }
 
-/* s as a JSON string, quotes included: runs of plain bytes copied at once,
- * '"', '\\' and control bytes escaped, bad UTF-8 as U+FFFD. */
-static void jb_str(struct jbuf *b, const char *str)
+/* A byte JSON takes as it is: printable ASCII but '"' and '\\'. */
+static inline bool json_plain(unsigned c)
+{
+	return c - 0x20u < 0x60u && c != '"' && c != '\\';
+}
+
+/* c's escape into e (at most 6 bytes); its length. */
+static size_t json_escape(unsigned c, char *e)
 {
 	static const char hexd[] = "0123456789abcdef";
-	const unsigned char *s = (const unsigned char *)(str ? str : "");
-	size_t n = strlen((const char *)s), run = 0;
 
-	JB_LIT(b, "\"");
+	e[0] = '\\';
+	switch (c) {
+	case '"':
+	case '\\':
+		e[1] = (char)c;
+		return 2;
+	case '\n':
+		e[1] = 'n';
+		return 2;
+	case '\r':
+		e[1] = 'r';
+		return 2;
+	case '\t':
+		e[1] = 't';
+		return 2;
+	}
+	if (c < 0x20) {
+		memcpy(e + 1, "u00", 3);
+		e[4] = hexd[c >> 4];
+		e[5] = hexd[c & 15];
+	} else {
+		memcpy(e + 1, "ufffd", 5);	/* a byte that is not UTF-8 */
+	}
+	return 6;
+}
+
+/*
+ * str as a JSON string, quotes included: runs of bytes JSON takes as they
+ * are copied at once, '"', '\\' and control bytes escaped, bytes that are
+ * not UTF-8 written as U+FFFD. Room is made once for the common case (no
+ * escape), and again at each escape for the rest and 6 more.
+ */
+static void jb_str(struct jbuf *b, const char *str)
+{
+	const unsigned char *s = (const unsigned char *)(str ? str : "");
+	size_t n = strlen((const char *)s), run = 0, seq;
+
+	if (!jb_room(b, n + 2))
+		return;
+	b->p[b->len++] = '"';
 	while (run < n) {
 		unsigned c = s[run];
-		size_t seq;
 
-		if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
+		if (json_plain(c)) {
 			run++;
 			continue;
 		}
@@ -886,30 +931,18 @@ static void jb_str(struct jbuf *b, const char *str)
 			run += seq;
 			continue;
 		}
-		jb_put(b, (const char *)s, run);
-		if (c == '"' || c == '\\') {
-			char e[2] = { '\\', (char)c };
-
-			jb_put(b, e, 2);
-		} else if (c == '\n') {
-			JB_LIT(b, "\\n");
-		} else if (c == '\r') {
-			JB_LIT(b, "\\r");
-		} else if (c == '\t') {
-			JB_LIT(b, "\\t");
-		} else if (c < 0x20) {
-			char e[6] = { '\\', 'u', '0', '0', hexd[c >> 4], hexd[c & 15] };
-
-			jb_put(b, e, 6);
-		} else {
-			JB_LIT(b, "\\ufffd");
-		}
+		if (!jb_room(b, n + 7))
+			return;
+		memcpy(b->p + b->len, s, run);
+		b->len += run;
+		b->len += json_escape(c, b->p + b->len);
 		s += run + 1;
 		n -= run + 1;
 		run = 0;
 	}
-	jb_put(b, (const char *)s, run);
-	JB_LIT(b, "\"");
+	memcpy(b->p + b->len, s, run);
+	b->len += run;
+	b->p[b->len++] = '"';
 }
 
 /* v in decimal, in quotes when quoted (int64 and fixed64 in proto3 JSON). */
@@ -931,14 +964,22 @@ static void jb_u64(struct jbuf *b, uint64_t v, bool neg, bool quoted)
 	jb_put(b, t + i, sizeof(t) - i);
 }
 
+/* An id as a quoted hex string. */
 static void jb_hex(struct jbuf *b, const uint8_t *id, size_t n)
 {
-	char h[2 * OTEL_TRACE_ID_LEN + 3];
+	static const char digits[] = "0123456789abcdef";
+	char *o;
 
-	h[0] = '"';
-	otel_hex(id, n, h + 1);
-	h[2 * n + 1] = '"';
-	jb_put(b, h, 2 * n + 2);
+	if (!jb_room(b, 2 * n + 2))
+		return;
+	o = b->p + b->len;
+	*o++ = '"';
+	for (size_t i = 0; i < n; i++) {
+		*o++ = digits[id[i] >> 4];
+		*o++ = digits[id[i] & 15];
+	}
+	*o = '"';
+	b->len += 2 * n + 2;
 }
 
 /* A double as proto3 JSON has it: the shortest text strtod reads back,
@@ -1020,7 +1061,7 @@ int otel_encode_span(const uint8_t trace_id[OTEL_TRACE_ID_LEN],
 	struct jbuf b = { *buf, *len, *cap, false };
 
 	/* one reservation for the fixed part; strings grow it if needed */
-	if (!jb_reserve(&b, 384))
+	if (!jb_room(&b, 384))
 		goto fail;
 	JB_LIT(&b, "{\"traceId\":");
 	jb_hex(&b, trace_id, OTEL_TRACE_ID_LEN);
@@ -1120,7 +1161,7 @@ char *otel_encode_request(const struct otel_settings *s, const char *version,
 
 	for (size_t i = 0; i < n; i++)
 		total += lens[i] + 1;
-	if (!jb_reserve(&b, total))
+	if (!jb_room(&b, total))
 		goto fail;
 	JB_LIT(&b, "{\"resourceSpans\":[{\"resource\":{\"attributes\":[");
 	jb_str_attr(&b, &first, "service.name",
@@ -1143,7 +1184,7 @@ char *otel_encode_request(const struct otel_settings *s, const char *version,
 		jb_put(&b, spans[i], lens[i]);
 	}
 	JB_LIT(&b, "]}]}]}");
-	if (!jb_reserve(&b, 1))
+	if (!jb_room(&b, 1))
 		goto fail;
 	b.p[b.len] = '\0';
 	*len = b.len;

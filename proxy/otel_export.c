@@ -216,13 +216,14 @@ static int wait_fd(int fd, short events, uint64_t *deadline)
 	}
 }
 
-/* Sleep on the condition variable until at (clock_ms()), the queue's
- * news or stop; called and returns with ex.mu held. */
-static void cond_wait_until(uint64_t at)
+/* Sleep on the condition variable until at (clock_ms()) or stop, and
+ * when for_queue until a full batch waits too (a back-off is not cut
+ * short by spans: they queue meanwhile). With ex.mu held. */
+static void cond_wait_until(uint64_t at, bool for_queue)
 {
 	struct timespec ts = { (time_t)(at / 1000), (long)(at % 1000) * 1000000 };
 
-	ex.sleeping = true;
+	ex.sleeping = for_queue;
 	pthread_cond_timedwait(&ex.cond, &ex.mu, &ts);
 	ex.sleeping = false;
 	ex.signalled = false;
@@ -245,7 +246,7 @@ static bool pause_until(uint64_t at, uint64_t limit)
 		else if (ex.state == EX_STOPPING)
 			break;	/* stopping: one more try now, in the bound */
 		else
-			cond_wait_until(at);
+			cond_wait_until(at, false);
 	}
 	pthread_mutex_unlock(&ex.mu);
 	return go;
@@ -789,7 +790,7 @@ static void *export_main(void *arg)
 
 		while (ex.state == EX_RUNNING && ex.queued < ex.s.max_batch &&
 		       clock_ms() < next)
-			cond_wait_until(next);
+			cond_wait_until(next, true);
 		if (ex.head == NULL) {
 			if (ex.state != EX_RUNNING)
 				break;
@@ -1027,7 +1028,7 @@ void otel_export_spans(char *buf, size_t len, size_t nspans)
 
 void otel_export_stop(uint64_t flush_ms)
 {
-	uint64_t one = 1, end;
+	uint64_t one = 1, wait_ms;
 	struct timespec ts;
 
 	pthread_mutex_lock(&ex.mu);
@@ -1036,18 +1037,24 @@ void otel_export_stop(uint64_t flush_ms)
 		return;
 	}
 	ex.state = EX_STOPPING;
-	end = clock_ms() + flush_ms;
-	atomic_store(&ex.flush_deadline, end);
+	atomic_store(&ex.flush_deadline, clock_ms() + flush_ms);
 	atomic_store(&ex.stopping, true);
 	pthread_cond_signal(&ex.cond);
 	pthread_mutex_unlock(&ex.mu);
 	if (write(ex.wake_fd, &one, sizeof(one)) < 0)
 		log_debug("otel: eventfd: %s", strerror(errno));
 
-	end += JOIN_GRACE_MS;
-	ts.tv_sec = (time_t)(end / 1000);
-	ts.tv_nsec = (long)(end % 1000) * 1000000;
-	if (pthread_clockjoin_np(ex.thread, NULL, CLOCK_MONOTONIC, &ts) != 0) {
+	/* pthread_timedjoin_np (CLOCK_REALTIME) rather than clockjoin: the
+	 * sanitizers know it, and see the join */
+	clock_gettime(CLOCK_REALTIME, &ts);
+	wait_ms = flush_ms + JOIN_GRACE_MS;
+	ts.tv_sec += (time_t)(wait_ms / 1000);
+	ts.tv_nsec += (long)(wait_ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	if (pthread_timedjoin_np(ex.thread, NULL, &ts) != 0) {
 		log_warn("otel: the exporter thread did not stop within %llu ms "
 			 "(resolving %s?); it is left to finish on its own",
 			 (unsigned long long)(flush_ms + JOIN_GRACE_MS), ex.hp.host);
