@@ -1055,8 +1055,10 @@ static int cross_check(const struct config *c, char *err, size_t errlen)
 
 /* What is made of settings once all are known: the trusted proxies'
  * ranges, the trace exporter's settings with the OTEL_* variables. */
-static int derive(struct config *c, char **envp, char *err, size_t errlen)
+static int derive(const struct build *b, struct config *c, char **envp,
+		  char *err, size_t errlen)
 {
+	size_t dis = (size_t)opt_index(opt_by_flag("otel-sdk-disabled", 17));
 	const char *opts[OTEL_OPT_COUNT];
 	char why[256];
 	size_t i;
@@ -1068,8 +1070,9 @@ static int derive(struct config *c, char **envp, char *err, size_t errlen)
 	}
 	for (i = 0; i < OTEL_OPT_COUNT; i++)
 		opts[i] = c->otel_opt[i];
-	if (c->otel_disabled)
-		opts[OTEL_OPT_DISABLED] = "true";
+	/* given (either way) it wins over OTEL_SDK_DISABLED; else that decides */
+	if (b->rank[dis] != SRC_NONE)
+		opts[OTEL_OPT_DISABLED] = c->otel_disabled ? "true" : "false";
 	return otel_settings_resolve(&c->otel, opts, envp, &c->otel_warning,
 				     err, errlen);
 }
@@ -1100,7 +1103,7 @@ static int config_build(int argc, char **argv, char **envp,
 	atomic_init(&c->refcount, 1);
 	if (read_sources(&b, argc, argv, envp, err, errlen) < 0 ||
 	    settle(&b, c, err, errlen) < 0 || cross_check(c, err, errlen) < 0 ||
-	    derive(c, envp, err, errlen) < 0 ||
+	    derive(&b, c, envp, err, errlen) < 0 ||
 	    build_routing(c, b.routes, envp, err, errlen) < 0)
 		goto fail;
 
