@@ -895,3 +895,60 @@ def test_future_version_traceparent_is_joined(otlp_receiver, make_proxy):
     m = TRACEPARENT.match(sent)
     assert m and m.group(1) == t and m.group(3) == "01", sent
     assert server_span(rx, t)["parent_span_id"] == s
+
+
+def test_route_and_client_request_id(otlp_receiver, make_proxy, tmp_path):
+    """idempotency.route names the matched route; the client's
+    X-Request-Id is idempotency.request_id (and the original id of its
+    replay)."""
+    rx = otlp_receiver
+    ini = tmp_path / "traces.ini"
+    ini.write_text("[route payments]\nmatch = POST /payments*\n"
+                   "key = header:Idempotency-Key\n")
+    p = make_proxy("--config", str(ini), env=otel_env(rx.url))
+    key = newkey("route")
+    tp, trace_id, _ = new_tp()
+    r = send(p.port, "/payments/1", key, tp,
+             headers=[("X-Request-Id", "client-req-1")])
+    assert r.status == 200 and r.header("X-Request-Id") == "client-req-1", r
+    a = server_span(rx, trace_id)["attributes"]
+    assert a["idempotency.route"] == "payments", a
+    assert a["idempotency.request_id"] == "client-req-1", a
+    tp2, trace2, _ = new_tp()
+    r = send(p.port, "/payments/1", key, tp2,
+             headers=[("X-Request-Id", "client-req-2")])
+    assert r.status == 200 and replayed(r), r
+    a = server_span(rx, trace2)["attributes"]
+    assert a["idempotency.route"] == "payments", a
+    assert a["idempotency.request_id"] == "client-req-2", a
+    assert a["idempotency.original_request_id"] == "client-req-1", a
+
+
+def test_batching_and_exit_flush(otlp_receiver, make_proxy):
+    """OTEL_BSP_SCHEDULE_DELAY 60 s and batches of 8: one request's spans
+    wait (fewer than a batch); more requests fill a batch, sent at once, no
+    POST above 8 spans; SIGTERM sends the rest before the exit."""
+    rx = otlp_receiver
+    p = make_proxy(env=otel_env(rx.url, OTEL_BSP_SCHEDULE_DELAY="60000",
+                                OTEL_BSP_MAX_EXPORT_BATCH_SIZE="8"))
+    traces = []
+
+    def one():
+        tp, trace_id, _ = new_tp()
+        assert send(p.port, "/orders", newkey("batch"), tp).status == 200
+        traces.append(trace_id)
+
+    one()
+    time.sleep(1.0)
+    assert rx.requests == 0, rx.log     # 4 spans: no batch yet, no delay
+    for _ in range(3):
+        one()
+    rx.wait_for(lambda s: True, count=8, timeout=5)
+    assert all(0 < e["spans"] <= 8 for e in rx.log), rx.log
+    t0 = time.monotonic()
+    assert p.stop(timeout=15) == 0, p.log()
+    assert time.monotonic() - t0 < 5.0
+    got = {s["trace_id"] for s in ours(rx) if s["kind"] == KIND_SERVER}
+    assert got == set(traces), (got, traces)
+    assert all(0 < e["spans"] <= 8 for e in rx.log), rx.log
+    assert len(ours(rx)) == len({s["span_id"] for s in ours(rx)})
