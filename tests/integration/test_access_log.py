@@ -48,10 +48,12 @@ def rid(prefix="r"):
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def start(make_proxy, tmp_path, fmt, *flags, store_args=(), name=None, **kw):
-    """A proxy logging to tmp_path/<name>.log in fmt; p.alog is the path."""
+def start(make_proxy, tmp_path, fmt, *flags, store_args=(), name=None,
+          dest=None, **kw):
+    """A proxy logging to dest (default tmp_path/<name>.log) in fmt; p.alog
+    is the path."""
     name = name or f"alog-{fmt}"
-    path = tmp_path / f"{name}.log"
+    path = dest or tmp_path / f"{name}.log"
     p = make_proxy(*store_args, "--access-log", str(path),
                    "--access-log-format", fmt, *flags, name=name, **kw)
     if store_args:
@@ -396,3 +398,619 @@ def test_query_logged_only_when_asked(make_proxy, stub, tmp_path, fmt):
         assert one_line(by, r)["path"] == want
         assert one_line(by, rk)["path"] == want
         assert "token=abc" not in read_text(plain.alog)
+
+
+# ------------------------------------------------ hostile input
+
+LONG = 6000
+
+
+def hostile_requests():
+    """(name, raw request bytes, {member: the bytes the client sent} to
+    find again in the line, or None when only the line's count matters)."""
+    ua = b'evil" 200 0 "-" "x\\ \t{"forged":true}\\"'
+    key_q = '"q\\"uo\\\\te"'                # an sf-string: the key q"uo\te
+    out = []
+
+    def req(name, target, fields, body=None, expect=None):
+        hs = b"".join(k + b": " + v + b"\r\n" for k, v in fields)
+        head = b"POST " if body is not None else b"GET "
+        raw = head + target + b" HTTP/1.1\r\nHost: x\r\n" + hs
+        if body is not None:
+            raw += b"Content-Length: %d\r\n" % len(body)
+        raw += b"\r\n" + (body or b"")
+        out.append((name, raw, expect))
+
+    req("ua", b"/a", [(b"User-Agent", ua)], expect={"user_agent": ua})
+    req("referer-bytes", b"/a", [(b"Referer", b"\xff x \xfe\xe9 \xc3\xa9\xe2\x9c\x93")],
+        expect={"referer": b"\xff x \xfe\xe9 \xc3\xa9\xe2\x9c\x93"})
+    req("path", b'/p"a\\th/%22%0a', [], expect={"path": b'/p"a\\th/%22%0a'})
+    req("key-raw", b"/k", [(b"Idempotency-Key", b'a"b\\c')], body=b"{}",
+        expect={"key": b'a"b\\c'})
+    req("key-sf", b"/k", [(b"Idempotency-Key", key_q.encode())], body=b"{}")
+    req("key-long", b"/k", [(b"Idempotency-Key", b"x" + b'"\\' * 127)],
+        body=b"{}", expect={"key": b"x" + b'"\\' * 127})
+    req("ua-long", b"/a", [(b"User-Agent", b'"\\\t\xc3\xa9' * (LONG // 5))],
+        expect={"user_agent": ("cut", b'"\\\t\xc3\xa9' * (LONG // 5))})
+    req("path-long", b"/" + b"\\x" * (LONG // 2), [],
+        expect={"path": ("cut", b"/" + b"\\x" * (LONG // 2))})
+    req("all-long", b"/" + b'"' * 3000,
+        [(b"User-Agent", b"u" * 3000), (b"Referer", b'"' * 3000),
+         (b"Idempotency-Key", b"k" * 255)], body=b"{}")
+    req("obs-fold", b"/a", [(b"User-Agent", b'a"\r\n "forged')])
+    # refused by the parser (control bytes, a bare CR, a header line made
+    # of a JSON object): still exactly one line each
+    req("ctl", b"/a", [(b"User-Agent", b"a\x01b\x1b[31mred")])
+    req("nul", b"/a", [(b"User-Agent", b"a\x00b")])
+    req("cr", b"/a", [(b"User-Agent", b"a\rb")])
+    req("json-line", b"/a", [(b"X-A", b"1"), (b'{"outcome":"forged"}', b"x")])
+    req("rid-quote", b"/a", [(b"X-Request-Id", b'a"b')])
+    req("rid-long", b"/a", [(b"X-Request-Id", b"r" * 200)])
+    return out
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_hostile_input_never_forges_a_line(make_proxy, stub, tmp_path, fmt):
+    p = start(make_proxy, tmp_path, fmt)
+    results = []
+    for name, raw, expect in hostile_requests():
+        r = send(p.port, None, None, raw=raw)
+        assert r.header("X-Request-Id"), (name, r)
+        results.append((name, r, expect))
+    rids = [r.header("X-Request-Id") for _, r, _ in results]
+    assert len(set(rids)) == len(rids), rids
+    by = wait_rids(p.alog, rids, fmt)
+    lines = read_lines(p.alog)
+    assert len(lines) == len(results), lines
+    for ln in lines:
+        d = parse(ln, fmt)          # asserts a whole, well-formed line
+        if fmt == "text":
+            # the combined part cannot have been shifted: the status is
+            # where nginx has it
+            assert re.match(r'\S+ - - \[[^\]]+\] "(?:[^"\\]|\\.)*" '
+                            r'(\d{3}|-) \d+ ', ln), ln
+        assert "forged" not in (d["outcome"] or ""), d
+    for name, r, expect in results:
+        d = one_line(by, r)
+        assert d["status"] == r.status, (name, d)
+        assert not d["request_id"].startswith(("a\"", "rrr")), (name, d)
+        for member, want in (expect or {}).items():
+            cut = isinstance(want, tuple)
+            if cut:
+                want = want[1]
+            got = d["_raw"].get(member)
+            if fmt == "json":
+                # JSON keeps valid UTF-8; any other byte is U+FFFD
+                want = want.decode("utf-8", "replace").encode()
+                got = d[member].encode() if d[member] is not None else None
+            assert got is not None, (name, member, d)
+            if cut:
+                assert got.endswith(b"..."), (name, member, got[-40:])
+                assert len(got) < len(want), (name, member)
+                assert want.startswith(got[:-3]), (name, member, got[:80])
+                got.decode("utf-8")     # no UTF-8 sequence split
+            else:
+                assert got == want, (name, member, got, want)
+    # the three long fields are cut, the line still whole (parse checked
+    # its length), the key included
+    d = one_line(by, dict((n, r) for n, r, _ in results)["all-long"])
+    assert d["key"] is None or len(d["key"]) <= 255, d
+
+
+# ------------------------------------------------ rotation under load
+
+def load(port, n_threads, per_thread, prefix, errors, target="/",
+         headers=(), latencies=None):
+    """n_threads threads, one keep-alive connection each, per_thread GETs
+    with the request id PREFIX-T-I; returns the started threads."""
+    def run(t):
+        try:
+            with RawConn(port, timeout=20) as c:
+                for i in range(per_thread):
+                    rid_ = f"{prefix}-{t}-{i}"
+                    t0 = time.monotonic()
+                    c.send(build_request("GET", target,
+                                         [("X-Request-Id", rid_)] +
+                                         list(headers)))
+                    r = c.read_response()
+                    if latencies is not None:
+                        latencies.append(time.monotonic() - t0)
+                    if r.status != 200 or r.header("X-Request-Id") != rid_:
+                        errors.append((rid_, r))
+                        return
+        except Exception as e:          # noqa: BLE001 (reported)
+            errors.append((t, repr(e)))
+
+    threads = [threading.Thread(target=run, args=(t,), daemon=True)
+               for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    return threads
+
+
+def test_rotation_under_load_loses_and_repeats_no_line(make_proxy, stub,
+                                                        tmp_path):
+    """3000 requests on 6 keep-alive connections while the file is renamed
+    and SIGUSR1 sent again and again: the files together hold exactly one
+    whole line per request."""
+    p = start(make_proxy, tmp_path, "json", workers=2)
+    n_threads, per = 6, 500
+    errors = []
+    threads = load(p.port, n_threads, per, "rot", errors)
+    rotated = []
+    while any(th.is_alive() for th in threads) and len(rotated) < 12:
+        time.sleep(0.08)
+        if not p.alog.exists():
+            continue
+        dest = tmp_path / f"{p.alog.name}.{len(rotated) + 1}"
+        os.rename(p.alog, dest)
+        rotated.append(dest)
+        p.signal(signal.SIGUSR1)
+        # like logrotate's next run: the reopened file is there first
+        wait_until("the reopened file", p.alog.exists, timeout=5)
+    for th in threads:
+        th.join(60)
+        assert not th.is_alive(), "the load did not finish"
+    assert not errors, errors[:5]
+    assert len(rotated) >= 3, f"only {len(rotated)} rotations during the load"
+    # everything flushed at exit
+    assert p.stop() == 0, p.log()
+    counts = {}
+    files_with_lines = 0
+    for path in rotated + [p.alog]:
+        lines = read_lines(path)            # no partial last line
+        files_with_lines += bool(lines)
+        for ln in lines:
+            d = parse_json(ln)
+            counts[d["request_id"]] = counts.get(d["request_id"], 0) + 1
+    want = {f"rot-{t}-{i}" for t in range(n_threads) for i in range(per)}
+    missing = want - set(counts)
+    extra = set(counts) - want
+    twice = {k: v for k, v in counts.items() if v > 1}
+    assert not missing and not extra and not twice, (
+        f"missing {len(missing)} {sorted(missing)[:5]}, extra {sorted(extra)[:5]}, "
+        f"duplicated {list(twice.items())[:5]}")
+    assert files_with_lines >= 3, files_with_lines
+    assert p.log().count("SIGUSR1: reopening the access log") == len(rotated)
+
+
+# ------------------------------------------------ a pipe nobody reads
+
+def drain(fd, sink, stop):
+    while not stop.is_set():
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            time.sleep(0.005)
+            continue
+        if not data:
+            time.sleep(0.005)
+            continue
+        sink.append(data)
+
+
+def test_a_stalled_pipe_drops_lines_but_never_holds_a_request(make_proxy,
+                                                              stub, tmp_path):
+    """--access-log FIFO, opened by the test and not read: once the pipe
+    (64 KiB) and the writer's buffers (2 x 1 MiB) are full, lines are
+    dropped and counted, said once, and every request is still answered
+    promptly; read the FIFO and lines flow again; stalled again, SIGTERM
+    still exits within its flush bound."""
+    fifo = tmp_path / "access.fifo"
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        p = start(make_proxy, tmp_path, "json", workers=2, name="fifo",
+                  dest=fifo)
+        ua = [("User-Agent", "u" * 3000)]      # ~3.5 KB lines
+        errors, lat = [], []
+        # ~3.5 MB of lines against 64 KiB + 2 MiB of room
+        for th in load(p.port, 4, 250, "fill", errors, headers=ua,
+                       latencies=lat):
+            th.join(120)
+        assert not errors, errors[:5]
+        assert len(lat) == 1000
+        assert max(lat) < 2.0, f"a request waited {max(lat):.2f} s"
+        wait_until("drops counted", lambda: metric(
+            p, "idemproxy_access_log_dropped_total") > 0, timeout=5)
+        written = metric(p, "idemproxy_access_log_lines_total")
+        dropped = metric(p, "idemproxy_access_log_dropped_total")
+        assert written + dropped <= 1000, (written, dropped)
+        wait_until("the warning", lambda: "cannot keep up" in p.log(), 5)
+        time.sleep(0.3)
+        warns = [ln for ln in p.log().splitlines() if "dropping" in ln]
+        assert len(warns) == 1, warns
+        assert "access log" in warns[0] and str(fifo) in warns[0], warns
+
+        # read it: the writer catches up, new lines flow
+        sink, stop = [], threading.Event()
+        reader = threading.Thread(target=drain, args=(rfd, sink, stop),
+                                  daemon=True)
+        reader.start()
+        try:
+            wait_until("caught up", lambda: "caught up" in p.log(), 10)
+            before = metric(p, "idemproxy_access_log_lines_total")
+            for i in range(20):
+                r = send(p.port, "GET", "/", rid=f"after-{i}")
+                assert r.status == 200
+            wait_until("the new lines", lambda: metric(
+                p, "idemproxy_access_log_lines_total") >= before + 20, 10)
+            wait_until("the new lines read", lambda: all(
+                f'"after-{i}"'.encode() in b"".join(sink) for i in range(20)),
+                10)
+        finally:
+            stop.set()
+            reader.join(5)
+        data = b"".join(sink)
+        assert data.endswith(b"\n"), data[-200:]
+        got = [parse_json(ln + "\n")["request_id"]
+               for ln in data.decode().split("\n")[:-1]]
+        assert len(got) == len(set(got)), "a line written twice"
+        assert {f"after-{i}" for i in range(20)} <= set(got)
+        # dropped lines are whole lines: what was read is whole lines
+        assert len(got) <= 1020
+        warns = [ln for ln in p.log().splitlines() if "dropping" in ln]
+        assert len(warns) == 1, warns
+        caught = [ln for ln in p.log().splitlines() if "caught up" in ln]
+        assert len(caught) == 1 and re.search(r"\b\d+ lines were dropped",
+                                              caught[0]), caught
+
+        # stalled again with lines waiting: SIGTERM exits within the flush
+        # bound (2 s) and the drain
+        for th in load(p.port, 2, 300, "again", errors, headers=ua):
+            th.join(60)
+        assert not errors, errors[:5]
+        t0 = time.monotonic()
+        rc = p.stop(timeout=15)
+        took = time.monotonic() - t0
+        assert rc == 0, p.log()
+        assert took < 5.0, f"SIGTERM took {took:.1f} s"
+    finally:
+        os.close(rfd)
+
+
+# ------------------------------------------------ where lines go
+
+def wait_log(p, text, n=1, timeout=10.0):
+    wait_until(f"{n} x {text!r} in the event log",
+               lambda: p.log().count(text) >= n, timeout)
+
+
+def test_sighup_moves_the_log_and_changes_its_format(make_proxy, stub,
+                                                     tmp_path):
+    """access_log in the config file: PATH1 text -> off -> PATH2 json ->
+    a path that cannot be opened (kept: PATH2) -> PATH2 text."""
+    ini = tmp_path / "idemproxy.ini"
+    one, two = tmp_path / "one.log", tmp_path / "two.log"
+
+    def conf(dest, fmt):
+        ini.write_text(f"[idemproxy]\naccess_log = {dest}\n"
+                       f"access_log_format = {fmt}\n")
+
+    conf(one, "text")
+    p = make_proxy("--config", str(ini))
+    a = send(p.port, "GET", "/a", rid="hup-a")
+    wait_rids(one, ["hup-a"], "text")
+
+    conf("off", "text")
+    p.signal(signal.SIGHUP)
+    wait_log(p, "SIGHUP: reloaded", 1)
+    b = send(p.port, "GET", "/b", rid="hup-b")
+
+    conf(two, "json")
+    p.signal(signal.SIGHUP)
+    wait_log(p, "SIGHUP: reloaded", 2)
+    c = send(p.port, "GET", "/c", rid="hup-c")
+    wait_rids(two, ["hup-c"], "json")
+
+    conf(tmp_path / "no-such-dir" / "x.log", "json")
+    p.signal(signal.SIGHUP)
+    wait_log(p, "SIGHUP: reloaded", 3)
+    assert "SIGHUP: keeping the running access log" in p.log()
+    d = send(p.port, "GET", "/d", rid="hup-d")
+    wait_rids(two, ["hup-d"], "json")
+
+    conf(two, "text")
+    p.signal(signal.SIGHUP)
+    wait_log(p, "SIGHUP: reloaded", 4)
+    e = send(p.port, "GET", "/e", rid="hup-e")
+    # (the file holds both forms now: found by its text)
+    wait_lines(two, lambda ls: any(" rid=hup-e " in ln for ln in ls))
+    for r in (a, b, c, d, e):
+        assert r.status == 200
+    lines1 = read_lines(one)
+    assert len(lines1) == 1 and parse_text(lines1[0])["request_id"] == "hup-a"
+    lines2 = read_lines(two)
+    assert len(lines2) == 3, lines2
+    assert parse_json(lines2[0])["request_id"] == "hup-c"
+    assert parse_json(lines2[1])["request_id"] == "hup-d"
+    assert parse_text(lines2[2])["request_id"] == "hup-e"
+    assert "hup-b" not in read_text(one) + read_text(two) + p.log()
+    assert not (tmp_path / "no-such-dir").exists()
+
+
+def test_env_stdout_and_stderr_destinations(make_proxy, stub, tmp_path):
+    path = tmp_path / "env.log"
+    p = make_proxy(env={"IDEMPROXY_ACCESS_LOG": str(path),
+                        "IDEMPROXY_ACCESS_LOG_FORMAT": "json"}, name="env")
+    send(p.port, "GET", "/env", rid="env-1")
+    lines = wait_lines(path, bool)
+    assert [parse_json(ln)["request_id"] for ln in lines] == ["env-1"]
+
+    out = make_proxy("--access-log", "stdout", "--access-log-format", "json",
+                     name="out")
+    send(out.port, "GET", "/out", rid="out-1")
+    lines = wait_lines(out.out_path, bool)
+    assert [parse_json(ln)["request_id"] for ln in lines] == ["out-1"]
+
+    err = make_proxy("--access-log", "stderr", name="err")
+    for i in range(5):
+        send(err.port, "GET", "/err?drop=1" if i == 2 else "/err",
+             rid=f"err-{i}")
+    wait_lines(err.log_path, lambda ls: sum(" rid=err-" in ln
+                                            for ln in ls) == 5)
+    ours = [parse_text(ln) for ln in read_lines(err.log_path, True)
+            if " rid=err-" in ln and " - - [" in ln]
+    assert sorted(d["request_id"] for d in ours) == \
+        [f"err-{i}" for i in range(5)]
+    # the event log's line of the failure is a line of its own
+    assert any("request_id=err-2 " in ln and "upstream" in ln
+               for ln in err.log().splitlines()), err.log()
+
+
+# ------------------------------------------------ request ids
+
+RID_CHARS = "AZaz09-_.:+/=@"
+ISSUE_INI = """\
+[route pay]
+match              = POST /pay*
+require_issued_key = yes
+"""
+
+
+def upstream_rids(r, name="x-request-id"):
+    return upstream_echo(r)["hdict"].get(name, [])
+
+
+def test_request_ids(make_proxy, stub, tmp_path):
+    ini = tmp_path / "issue.ini"
+    ini.write_text(ISSUE_INI)
+    p = start(make_proxy, tmp_path, "json", "--config", str(ini),
+              "--require-key", "true")
+    seen = []
+
+    def get(fields):
+        raw = build_request("GET", "/echo", fields)
+        r = send(p.port, None, None, raw=raw)
+        assert r.status == 200, r
+        seen.append(r)
+        return r
+
+    # well-formed: kept, sent upstream once, echoed
+    longest = (RID_CHARS * 10)[:128]
+    for good in (longest, "a", "req-1", "A/b+c=d@e:f.g_h"):
+        r = get([("X-Request-Id", good)])
+        assert r.header_all("X-Request-Id") == [good], r
+        assert upstream_rids(r) == [good], r
+    r = get([("x-request-id", "lower-case-name")])
+    assert r.header("X-Request-Id") == "lower-case-name"
+    # malformed: replaced by a made one, which alone goes upstream
+    for fields in ([("X-Request-Id", "r" * 129)], [("X-Request-Id", "a b")],
+                   [("X-Request-Id", "a,b")], [("X-Request-Id", 'a"b')],
+                   [("X-Request-Id", "caf\xe9")], [("X-Request-Id", "")],
+                   [("X-Request-Id", "a;b")],
+                   [("X-Request-Id", "one"), ("X-Request-Id", "two")]):
+        r = get(fields)
+        made = r.header("X-Request-Id")
+        assert r.header_all("X-Request-Id") == [made], r
+        assert UUID4.fullmatch(made or ""), (fields, r)
+        assert upstream_rids(r) == [made], (fields, r)
+    # absent: made, a UUID v4, a new one each time
+    made = {get([]).header("X-Request-Id") for _ in range(5)}
+    assert len(made) == 5 and all(UUID4.fullmatch(m) for m in made), made
+    assert upstream_rids(seen[-1]) == [seen[-1].header("X-Request-Id")]
+
+    # problem documents carry it, in the body too
+    r = send(p.port, "POST", "/orders", rid="prob-1", body=ORDER)
+    doc = assert_problem(r, 400, "missing-idempotency-key")
+    assert r.header("X-Request-Id") == "prob-1" and doc["request_id"] == "prob-1"
+    r = send(p.port, "POST", "/orders", body=ORDER)
+    doc = assert_problem(r, 400, "missing-idempotency-key")
+    assert UUID4.fullmatch(r.header("X-Request-Id")), r
+    assert doc["request_id"] == r.header("X-Request-Id"), doc
+    seen.append(r)
+    # an issued key
+    r = send(p.port, "GET", "/.well-known/idempotency-key", rid="iss-1")
+    assert r.status == 200 and r.header("X-Request-Id") == "iss-1", r
+    # a relayed upstream error keeps the id too
+    r = send(p.port, "GET", "/x?status=503", rid="up503")
+    assert r.status == 503 and r.header("X-Request-Id") == "up503", r
+
+    by = wait_rids(p.alog, [r.header("X-Request-Id") for r in seen] +
+                   ["prob-1", "iss-1", "up503"], "json")
+    for r in seen:
+        one_line(by, r)
+    assert by["iss-1"][0]["outcome"] == "key_issued", by["iss-1"]
+    assert by["prob-1"][0]["outcome"] == "missing_key", by["prob-1"]
+
+
+def test_a_replay_names_the_request_that_executed(make_proxy, stub,
+                                                  store_args, tmp_path):
+    """The original request id is stored with the outcome: every replay
+    has its own id and names the executing one, also from another
+    instance on the same store."""
+    p = start(make_proxy, tmp_path, "json", store_args=store_args, name="a")
+    key = newkey("orig")
+    first = send(p.port, "POST", "/orders", rid="exec-1", key=key, body=ORDER)
+    assert first.status == 200 and upstream_rids(first) == ["exec-1"]
+    rs = [send(p.port, "POST", "/orders", rid=f"again-{i}", key=key,
+               body=ORDER) for i in range(2)]
+    rs.append(send(p.port, "POST", "/orders", key=key, body=ORDER))
+    if store_args:
+        q = start(make_proxy, tmp_path, "json", store_args=store_args,
+                  name="b")
+        rs.append(send(q.port, "POST", "/orders", rid="other-1", key=key,
+                       body=ORDER))
+    for r in rs:
+        assert r.status == 200 and r.header("Idempotent-Replayed") == "true"
+        assert r.header("Idempotent-Original-Request-Id") == "exec-1", r
+        assert r.header("X-Request-Id") != "exec-1", r
+    assert [r.header("X-Request-Id") for r in rs[:2]] == ["again-0", "again-1"]
+    assert UUID4.fullmatch(rs[2].header("X-Request-Id"))
+    assert stub_runs(stub, key) == 1
+    by = wait_rids(p.alog, ["exec-1"] + [r.header("X-Request-Id")
+                                         for r in rs[:3]], "json")
+    assert by["exec-1"][0]["original_request_id"] is None
+    assert by["exec-1"][0]["replayed"] is False
+    for r in rs[:3]:
+        d = one_line(by, r)
+        assert d["original_request_id"] == "exec-1" and d["replayed"], d
+    if store_args:
+        d = one_line(wait_rids(q.alog, ["other-1"], "json"), rs[3])
+        assert d["original_request_id"] == "exec-1" and d["replayed"], d
+
+
+def test_a_custom_request_id_header(make_proxy, stub, tmp_path):
+    p = start(make_proxy, tmp_path, "text", "--request-id-header",
+              "X-Correlation-Id", "--require-key", "true")
+    r = send(p.port, "GET", "/c", headers=[("X-Correlation-Id", "corr-1")])
+    assert r.header("X-Correlation-Id") == "corr-1", r
+    assert not r.has("X-Request-Id"), r
+    assert upstream_rids(r, "x-correlation-id") == ["corr-1"], r
+    r2 = send(p.port, "GET", "/c")
+    made = r2.header("X-Correlation-Id")
+    assert UUID4.fullmatch(made or "") and not r2.has("X-Request-Id"), r2
+    assert upstream_rids(r2, "x-correlation-id") == [made]
+    assert upstream_rids(r2) == [], r2
+    bad = send(p.port, "GET", "/c", headers=[("X-Correlation-Id", "a b")])
+    assert UUID4.fullmatch(bad.header("X-Correlation-Id") or ""), bad
+    prob = send(p.port, "POST", "/o", body=ORDER,
+                headers=[("X-Correlation-Id", "corr-2")])
+    doc = assert_problem(prob, 400, "missing-idempotency-key")
+    assert prob.header("X-Correlation-Id") == "corr-2" == doc["request_id"]
+    key = newkey("corr")
+    send(p.port, "POST", "/o", key=key, body=ORDER,
+         headers=[("X-Correlation-Id", "corr-x")])
+    rep = send(p.port, "POST", "/o", key=key, body=ORDER,
+               headers=[("X-Correlation-Id", "corr-y")])
+    assert rep.header("X-Correlation-Id") == "corr-y", rep
+    assert rep.header("Idempotent-Original-Request-Id") == "corr-x", rep
+    by = wait_rids(p.alog, ["corr-1", made, "corr-2", "corr-x", "corr-y"],
+                   "text")
+    assert by["corr-y"][0]["original_request_id"] == "corr-x"
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_event_log_lines_carry_the_request_id(make_proxy, stub, log_format):
+    """An upstream failure's event-log lines name the request: "request_id"
+    in JSON, "request_id=ID " before the text's message."""
+    p = make_proxy("--log-format", log_format)
+    r = send(p.port, "GET", "/x?drop=1", rid="ev-pass")
+    assert r.status == 502 and r.header("X-Request-Id") == "ev-pass", r
+    key = newkey("ev")
+    r = send(p.port, "POST", "/y?drop=1", rid="ev-keyed", key=key, body=ORDER)
+    assert r.status == 502 and r.header("X-Request-Id") == "ev-keyed", r
+    for rid_, what in (("ev-pass", "upstream"), ("ev-keyed", key)):
+        def found():
+            for ln in p.log().splitlines():
+                if log_format == "json":
+                    try:
+                        doc = json.loads(ln)
+                    except ValueError:
+                        continue
+                    if doc.get("request_id") == rid_ and what in doc["msg"]:
+                        return True
+                elif f" request_id={rid_} " in ln and what in ln:
+                    return True
+            return False
+        wait_until(f"the event-log line of {rid_}", found, 5)
+    if log_format == "json":
+        for ln in p.log().splitlines():
+            json.loads(ln)              # every event-log line is JSON
+
+
+# ------------------------------------------------ --trusted-proxies
+
+def forwarded_for(p, fmt, cases):
+    """{name: forwarded_for} of one GET per case (name, [XFF values])."""
+    for name, xffs in cases:
+        hs = [("X-Forwarded-For", v) for v in xffs]
+        assert send(p.port, "GET", "/f", rid=name, headers=hs).status == 200
+    by = wait_rids(p.alog, [n for n, _ in cases], fmt)
+    out = {}
+    for name, _ in cases:
+        d = by[name]
+        assert len(d) == 1, d
+        assert d[0]["client"] == "127.0.0.1", d
+        out[name] = d[0]["forwarded_for"]
+    return out
+
+
+CASES = [("none", []), ("one", ["203.0.113.7"]),
+         ("chain", ["1.2.3.4, 10.0.0.1"]),
+         ("fields", ["1.2.3.4", "10.0.0.2"]),
+         ("v6", ["2001:db8::1"]), ("junk", ["not-an-address"]),
+         ("junk-near", ["1.2.3.4, bogus"]),
+         ("spaces", ["  198.51.100.9  ,\t10.9.9.9 "])]
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_trusted_proxies_name_the_client(make_proxy, stub, tmp_path, fmt):
+    lo = start(make_proxy, tmp_path, fmt, "--trusted-proxies", "127.0.0.0/8",
+               name=f"lo-{fmt}")
+    assert forwarded_for(lo, fmt, CASES) == {
+        "none": None, "one": "203.0.113.7", "chain": "10.0.0.1",
+        "fields": "10.0.0.2", "v6": "2001:db8::1", "junk": None,
+        "junk-near": None, "spaces": "10.9.9.9"}
+    both = start(make_proxy, tmp_path, fmt, "--trusted-proxies",
+                 "127.0.0.1,10.0.0.0/8", name=f"both-{fmt}")
+    assert forwarded_for(both, fmt, CASES) == {
+        "none": None, "one": "203.0.113.7", "chain": "1.2.3.4",
+        "fields": "1.2.3.4", "v6": "2001:db8::1", "junk": None,
+        "junk-near": None, "spaces": "198.51.100.9"}
+    # the peer itself is not trusted: its X-Forwarded-For names nobody
+    for flags, name in (((), f"untrusted-{fmt}"),
+                        (("--trusted-proxies", "10.0.0.0/8,::1"),
+                         f"other-{fmt}")):
+        p = start(make_proxy, tmp_path, fmt, *flags, name=name)
+        assert set(forwarded_for(p, fmt, CASES).values()) == {None}
+
+
+def run_bad(args, timeout=15):
+    argv = [IDEMPROXY_BIN, "--listen", f"127.0.0.1:{free_port()}",
+            "--admin-listen", f"127.0.0.1:{free_port()}", *args]
+    return subprocess.run(argv, capture_output=True, timeout=timeout,
+                          env=clean_env())
+
+
+def assert_start_error(res, name):
+    err = res.stderr.decode(errors="replace")
+    assert res.returncode == 2, (res.returncode, err)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"expected one line on stderr: {err!r}"
+    assert name in lines[0], lines
+
+
+@pytest.mark.parametrize("value", ["10.0.0.0/33", "300.1.1.1", "nonsense",
+                                   "10.0.0.0/8,,", "::1/129", "",
+                                   "10.0.0.1/8", "10.0.0.0/8 127.0.0.1"])
+def test_bad_trusted_proxies_exit_2(stub, value):
+    assert_start_error(run_bad(["--upstream", stub.url, "--trusted-proxies",
+                                value]), "--trusted-proxies")
+
+
+def test_access_log_start_errors(stub, tmp_path):
+    up = ["--upstream", stub.url]
+    for dest in (tmp_path / "no-such-dir" / "a.log", tmp_path):
+        assert_start_error(run_bad(up + ["--access-log", str(dest)]),
+                           "--access-log")
+    assert not (tmp_path / "no-such-dir").exists()
+    assert_start_error(run_bad(up + ["--access-log-format", "yaml"]),
+                       "--access-log-format")
+    ini = tmp_path / "bad.ini"
+    ini.write_text(f"[idemproxy]\naccess_log = {tmp_path}/nowhere/x.log\n")
+    res = run_bad(up + ["--config", str(ini)])
+    assert res.returncode == 2, res
+    assert "access" in res.stderr.decode(), res.stderr
+    res = run_bad(up + ["--request-id-header", "Bad Header"])
+    assert_start_error(res, "request-id-header")
