@@ -14,8 +14,10 @@ traced node upstream's (support/otel_node.py).
   - the exporter's faults: a collector that is down (requests unaffected,
     drops counted, a prompt SIGTERM), slow, answering 503 (retried);
     headers, resource attributes, service name, endpoints, http/protobuf
-  - the access log's trace_id / span_id
-  - start-up errors: grpc, a bad sampler, a bad endpoint (exit 2)
+  - the access log's trace_id / span_id; idempotency.route and the
+    client's X-Request-Id; batching and the flush at SIGTERM
+  - start-up errors: grpc, a bad sampler, a bad endpoint (exit 2); the
+    --otel-* flags in --help
 
 Absence of spans is asserted after a barrier where one exists: a sampled
 request sent after the unsampled one on the same proxy goes through the
@@ -952,3 +954,22 @@ def test_batching_and_exit_flush(otlp_receiver, make_proxy):
     assert got == set(traces), (got, traces)
     assert all(0 < e["spans"] <= 8 for e in rx.log), rx.log
     assert len(ours(rx)) == len({s["span_id"] for s in ours(rx)})
+
+
+def test_help_of_the_otel_flags():
+    """--help documents every --otel-* flag with its variable and a real
+    default (a missing one printed as "(null)" is a NULL given to %s)."""
+    r = subprocess.run([IDEMPROXY_BIN, "--help"], capture_output=True,
+                       timeout=10, env=clean_env())
+    text = (r.stdout + r.stderr).decode("utf-8", "replace")
+    flags = ("otel-endpoint", "otel-traces-endpoint", "otel-headers",
+             "otel-service-name", "otel-resource-attributes",
+             "otel-traces-sampler", "otel-traces-sampler-arg",
+             "otel-sdk-disabled")
+    for f in flags:
+        assert f"--{f}" in text, (f, text)
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith("--otel-"):
+            block = "\n".join(lines[i:i + 3])
+            assert "(null)" not in block, block
