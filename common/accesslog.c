@@ -16,9 +16,11 @@
  * are dropped and counted (idemproxy_access_log_dropped_total), never waited
  * for. Workers do not log the drops themselves (stderr may be the very pipe
  * that stalled, and log.c's write would block them); the writer says so once
- * per episode, when stderr can take the line: "access log: the writer cannot
- * keep up (DEST); dropping lines", then "... caught up (DEST); N lines were
- * dropped" at the first turn without a drop.
+ * per episode: "access log: the writer cannot keep up (DEST); dropping
+ * lines", then "... caught up (DEST); N lines were dropped" once no line was
+ * dropped for ALOG_QUIET_MS (or "... closed; N lines were dropped ..." at
+ * exit). Every event-log line of this file waits until poll() says stderr
+ * takes it at once (the drop warning), or is left out (the others).
  *
  * Pieces: to a pipe, a tty or a socket at most PIPE_BUF bytes, so that they
  * are written whole and never interleave with the event log's lines (log.c
@@ -30,7 +32,8 @@
  * A change of destination (alog_open on SIGHUP) or a reopen (SIGUSR1, after
  * logrotate renamed the file) marks the fill buffer where it happened: the
  * lines before the mark go to the old descriptor, the rest to the new one,
- * and the old one is closed after. A destination that takes nothing for a
+ * and the old one is closed after. Up to ALOG_CHANGES_MAX changes wait for
+ * one turn, each with its mark. A destination that takes nothing for a
  * whole tick while a change waits gives up its lines (dropped, counted). A
  * write error (ENOSPC, EPIPE, EIO) drops the rest of what was taken, says so
  * once, and backs off 100 ms. alog_close() stops within its bound whatever
@@ -85,6 +88,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -748,6 +752,7 @@ size_t alog_format(const struct alog_entry *e, enum alog_format f, char *buf)
 #define ALOG_QUIET_MS 2000		/* no drop for this long ends an episode */
 #define ALOG_FILE_PIECE (64 * 1024)	/* a write to a regular file */
 #define ALOG_DEST_MAX PATH_MAX
+#define ALOG_CHANGES_MAX 4		/* changes waiting for one turn */
 
 /* Where lines go. */
 struct sink {
@@ -758,11 +763,16 @@ struct sink {
 	char name[ALOG_DEST_MAX];	/* as alog_open() was given it */
 };
 
-/* A change waiting for the writer's next turn. */
-enum change {
-	CHANGE_NONE,
+/* A change waiting for the writer's next turn, and where it happened. */
+enum change_kind {
 	CHANGE_REOPEN,		/* open the path again (SIGUSR1) */
-	CHANGE_SWITCH,		/* go to w.next (alog_open on SIGHUP) */
+	CHANGE_SWITCH,		/* go to next (alog_open on SIGHUP) */
+};
+
+struct change {
+	enum change_kind kind;
+	size_t at;		/* fill's length when it was asked */
+	struct sink next;	/* CHANGE_SWITCH's destination */
 };
 
 /* How the writer waits, which says when a worker must wake it. */
@@ -782,9 +792,8 @@ static struct {
 	bool accepting;		/* lines are taken (on, and not closing) */
 	enum nap nap;
 	uint64_t dropped;	/* by workers since the writer last looked */
-	enum change change;
-	size_t change_at;	/* fill's length when the change was asked */
-	struct sink next;	/* CHANGE_SWITCH's destination */
+	struct change changes[ALOG_CHANGES_MAX];	/* in the order asked */
+	size_t nchanges;
 	bool stopping;		/* alog_close(): flush, then end */
 	uint64_t stop_at_ms;	/* ... by then (clock_ms()) */
 } w = {
@@ -802,6 +811,7 @@ static struct {
 	bool failing;		/* a write error episode is on */
 	bool broken_line;	/* a write stopped mid-line: end it first */
 	uint64_t exit_dropped;	/* given up at alog_close()'s deadline */
+	struct change todo[ALOG_CHANGES_MAX];	/* this turn's changes */
 } wr;
 
 /* The main thread's: alog_open(), alog_reopen(), alog_close(). */
@@ -946,6 +956,25 @@ static bool stderr_ready(void)
 }
 
 /*
+ * An event-log line from the access log's side: said only if stderr takes
+ * it at once, else left out. stderr may be the very pipe that stalled, and
+ * log.c's write(2) would block the writer there, and alog_close() with it.
+ */
+static __attribute__((format(printf, 2, 3)))
+void say(enum log_level level, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	if (!stderr_ready())
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	log_msg(level, "%s", msg);
+}
+
+/*
  * The drop episode. Workers count their drops in w.dropped; the writer
  * moves them here (with the lock) while it waits on its destination and at
  * each turn. It ends at a turn ALOG_QUIET_MS after the last drop, so that
@@ -980,11 +1009,11 @@ static void announce(void)
 	if ((!wr.warn_due && !wr.info_due) || !stderr_ready())
 		return;
 	if (wr.warn_due)
-		log_warn("access log: the writer cannot keep up (%s); dropping lines",
-			 wr.sink.name);
+		say(LOG_WARN, "access log: the writer cannot keep up (%s); dropping lines",
+		    wr.sink.name);
 	if (wr.info_due) {
-		log_info("access log: the writer caught up (%s); %" PRIu64
-			 " lines were dropped", wr.sink.name, wr.episode_dropped);
+		say(LOG_INFO, "access log: the writer caught up (%s); %" PRIu64
+		    " lines were dropped", wr.sink.name, wr.episode_dropped);
 		wr.episode_dropped = 0;
 	}
 	wr.warn_due = wr.info_due = false;
@@ -1009,7 +1038,7 @@ static enum ready sink_wait(void)
 		pthread_mutex_lock(&w.lock);
 		stopping = w.stopping;
 		stop_at = w.stop_at_ms;
-		replaced = w.change != CHANGE_NONE;
+		replaced = w.nchanges > 0;
 		pthread_mutex_unlock(&w.lock);
 	}
 	if (stopping) {
@@ -1084,8 +1113,8 @@ static void write_out(const char *p, size_t n)
 			wr.exit_dropped += count_lines(p + off, n - off);
 			goto drop;
 		case REPLACED:
-			log_warn("access log: %s takes nothing; dropping its lines for the new destination",
-				 wr.sink.name);
+			say(LOG_WARN, "access log: %s takes nothing; dropping its lines for the new destination",
+			    wr.sink.name);
 			goto drop;
 		}
 		if (wr.broken_line) {
@@ -1107,15 +1136,15 @@ static void write_out(const char *p, size_t n)
 				(unsigned long)count_lines(p + off, (size_t)done));
 		off += (size_t)done;
 		if (wr.failing) {
-			log_info("access log: writing to %s again", wr.sink.name);
+			say(LOG_INFO, "access log: writing to %s again", wr.sink.name);
 			wr.failing = false;
 		}
 	}
 	return;
 fail:
 	if (!wr.failing)
-		log_warn("access log: cannot write to %s: %s; dropping lines",
-			 wr.sink.name, done == 0 ? "nothing written" : strerror(errno));
+		say(LOG_WARN, "access log: cannot write to %s: %s; dropping lines",
+		    wr.sink.name, done == 0 ? "nothing written" : strerror(errno));
 	wr.failing = true;
 	back_off();
 drop:
@@ -1133,8 +1162,8 @@ static void sink_reopen(void)
 		return;		/* stderr, stdout, off: nothing to reopen */
 	fd = open_path(wr.sink.name);
 	if (fd < 0) {
-		log_error("access log: cannot reopen %s: %s; writing on to the file open before",
-			  wr.sink.name, strerror(errno));
+		say(LOG_ERROR, "access log: cannot reopen %s: %s; writing on to the file open before",
+		    wr.sink.name, strerror(errno));
 		return;
 	}
 	close(wr.sink.fd);
@@ -1150,7 +1179,7 @@ static void writer_wait(void)
 {
 	struct timespec until;
 
-#define URGENT (w.stopping || w.change != CHANGE_NONE)
+#define URGENT (w.stopping || w.nchanges > 0)
 	if (URGENT)
 		return;
 	if (w.len[w.fill] == 0 && !wr.dropping && !wr.warn_due && !wr.info_due) {
@@ -1172,14 +1201,25 @@ static void writer_wait(void)
 #undef URGENT
 }
 
-/* One turn: take the fill buffer (and a change asked for), write it out
- * without the lock, the lines before the change's mark to the old
- * destination and the rest to the new one. */
+/* A change, between the lines before its mark and those after. */
+static void apply(struct change *c)
+{
+	if (c->kind == CHANGE_REOPEN) {
+		sink_reopen();
+		return;
+	}
+	sink_release(&wr.sink);
+	wr.sink = c->next;
+	wr.broken_line = false;
+	wr.failing = false;
+}
+
+/* One turn: take the fill buffer (and the changes asked for), write it out
+ * without the lock, the lines before each change's mark to the destination
+ * before it and the rest to the one after. */
 static void *writer_main(void *arg)
 {
-	enum change change;
-	struct sink next;
-	size_t len, at;
+	size_t len, from, ntodo;
 	char *out;
 
 	(void)arg;
@@ -1190,30 +1230,21 @@ static void *writer_main(void *arg)
 		len = w.len[w.fill];
 		w.fill ^= 1;
 		w.len[w.fill] = 0;
-		change = w.change;
-		at = w.change_at;
-		if (change == CHANGE_SWITCH)
-			next = w.next;
-		w.change = CHANGE_NONE;
+		ntodo = w.nchanges;
+		memcpy(wr.todo, w.changes, ntodo * sizeof(w.changes[0]));
+		w.nchanges = 0;
 		atomic_store_explicit(&attention, w.stopping, memory_order_release);
 		take_drops();
 		pthread_mutex_unlock(&w.lock);
 
 		note_drops(false);
-		if (change == CHANGE_NONE) {
-			write_out(out, len);
-		} else {
-			write_out(out, at);
-			if (change == CHANGE_SWITCH) {
-				sink_release(&wr.sink);
-				wr.sink = next;
-				wr.broken_line = false;
-				wr.failing = false;
-			} else {
-				sink_reopen();
-			}
-			write_out(out + at, len - at);
+		from = 0;
+		for (size_t i = 0; i < ntodo; i++) {
+			write_out(out + from, wr.todo[i].at - from);
+			apply(&wr.todo[i]);
+			from = wr.todo[i].at;
 		}
+		write_out(out + from, len - from);
 
 		pthread_mutex_lock(&w.lock);
 		take_drops();
@@ -1254,7 +1285,7 @@ static int writer_start(const struct sink *first, char *err, size_t errlen)
 	w.accepting = true;
 	w.nap = NAP_AWAKE;
 	w.dropped = 0;
-	w.change = CHANGE_NONE;
+	w.nchanges = 0;
 	w.stopping = false;
 	pthread_mutex_unlock(&w.lock);
 
@@ -1280,6 +1311,30 @@ fail:
 	return -1;
 }
 
+/*
+ * With the lock: queue a change at fill's current length. When the queue
+ * is full the last change gives way to this one (the lines between the two
+ * go where this one says).
+ */
+static void ask(enum change_kind kind, const struct sink *next)
+{
+	struct change *c;
+
+	if (w.nchanges == ALOG_CHANGES_MAX) {
+		c = &w.changes[--w.nchanges];
+		if (c->kind == CHANGE_SWITCH)
+			sink_release(&c->next);	/* never taken */
+	} else {
+		c = &w.changes[w.nchanges];
+		c->at = w.len[w.fill];
+	}
+	c->kind = kind;
+	if (next != NULL)
+		c->next = *next;
+	w.nchanges++;
+	atomic_store_explicit(&attention, true, memory_order_release);
+}
+
 int alog_open(const char *dest, char *err, size_t errlen)
 {
 	struct sink next;
@@ -1297,14 +1352,8 @@ int alog_open(const char *dest, char *err, size_t errlen)
 		}
 	} else {
 		pthread_mutex_lock(&w.lock);
-		if (w.change == CHANGE_SWITCH)
-			sink_release(&w.next);	/* never taken: superseded */
-		else if (w.change == CHANGE_NONE)
-			w.change_at = w.len[w.fill];
-		w.change = CHANGE_SWITCH;
-		w.next = next;
+		ask(CHANGE_SWITCH, &next);
 		w.accepting = on;
-		atomic_store_explicit(&attention, true, memory_order_release);
 		pthread_mutex_unlock(&w.lock);
 		pthread_cond_signal(&w.wake);
 	}
@@ -1318,11 +1367,11 @@ void alog_reopen(void)
 	if (!m.started)
 		return;
 	pthread_mutex_lock(&w.lock);
-	if (w.change == CHANGE_NONE) {
-		w.change = CHANGE_REOPEN;
-		w.change_at = w.len[w.fill];
-		atomic_store_explicit(&attention, true, memory_order_release);
-	}
+	/* a reopen already waiting, or no room: the turn reopens anyway or
+	 * switches to a file opened afresh */
+	if (w.nchanges < ALOG_CHANGES_MAX &&
+	    (w.nchanges == 0 || w.changes[w.nchanges - 1].kind != CHANGE_REOPEN))
+		ask(CHANGE_REOPEN, NULL);
 	pthread_mutex_unlock(&w.lock);
 	pthread_cond_signal(&w.wake);
 }
@@ -1347,18 +1396,19 @@ void alog_close(uint64_t flush_ms)
 	m.started = false;
 
 	if (wr.exit_dropped > 0)
-		log_warn("access log: %s did not take the last %" PRIu64
-			 " lines within %" PRIu64 " ms; dropped",
-			 wr.sink.name, wr.exit_dropped, flush_ms);
+		say(LOG_WARN, "access log: %s did not take the last %" PRIu64
+		    " lines within %" PRIu64 " ms; dropped",
+		    wr.sink.name, wr.exit_dropped, flush_ms);
 	if (wr.dropping)
-		log_info("access log: %s closed; %" PRIu64
-			 " lines were dropped since the writer fell behind",
-			 wr.sink.name, wr.episode_dropped);
+		say(LOG_INFO, "access log: %s closed; %" PRIu64
+		    " lines were dropped since the writer fell behind",
+		    wr.sink.name, wr.episode_dropped);
 	sink_release(&wr.sink);
 	pthread_mutex_lock(&w.lock);
-	if (w.change == CHANGE_SWITCH)
-		sink_release(&w.next);
-	w.change = CHANGE_NONE;
+	for (size_t i = 0; i < w.nchanges; i++)
+		if (w.changes[i].kind == CHANGE_SWITCH)
+			sink_release(&w.changes[i].next);
+	w.nchanges = 0;
 	w.stopping = false;
 	atomic_store_explicit(&attention, false, memory_order_release);
 	free(w.buf[0]);
