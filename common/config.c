@@ -269,7 +269,7 @@ static const struct config_opt options[] = {
 	  .flags = OPT_RESTART,
 	  .help = "the traceidratio samplers' ratio, 0 to 1" },
 	{ .name = "otel-sdk-disabled", .syn = SYNTAX_BOOL,
-	  .off = F(otel_disabled), .flags = OPT_RESTART,
+	  .off = F(otel_disabled), .def = "no", .flags = OPT_RESTART,
 	  .help = "no spans, whatever the OTEL_* variables say "
 		  "($OTEL_SDK_DISABLED=true does the same)" },
 	{ .name = "client-timeout", .syn = SYNTAX_DURATION(1),

@@ -275,10 +275,31 @@ static struct src lookup(const char *flag, char **envp, const char *var,
 	return s;
 }
 
-/* "NAME" or "NAME (flag)", the prefix of a setting's error. */
+/* The flag that stands for a variable (config.c's otel-* options). */
+static const char *flag_of(const char *var)
+{
+	static const char *const map[][2] = {
+		{ "OTEL_EXPORTER_OTLP_ENDPOINT", "--otel-endpoint" },
+		{ "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "--otel-traces-endpoint" },
+		{ "OTEL_EXPORTER_OTLP_HEADERS", "--otel-headers" },
+		{ "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "--otel-headers" },
+		{ "OTEL_SERVICE_NAME", "--otel-service-name" },
+		{ "OTEL_RESOURCE_ATTRIBUTES", "--otel-resource-attributes" },
+		{ "OTEL_TRACES_SAMPLER", "--otel-traces-sampler" },
+		{ "OTEL_TRACES_SAMPLER_ARG", "--otel-traces-sampler-arg" },
+		{ "OTEL_SDK_DISABLED", "--otel-sdk-disabled" },
+	};
+
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		if (strcmp(map[i][0], var) == 0)
+			return map[i][1];
+	return var;
+}
+
+/* "NAME", or the flag that set it, the prefix of a setting's error. */
 static const char *src_name(const struct src *s, char *buf, size_t len)
 {
-	snprintf(buf, len, "%s%s", s->name, s->flag ? " (flag)" : "");
+	snprintf(buf, len, "%s", s->flag ? flag_of(s->name) : s->name);
 	return buf;
 }
 

@@ -462,8 +462,8 @@ static void test_settings(void)
 		"OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "a batch above the queue");
 	opts[OTEL_OPT_TRACES_ENDPOINT] = "gopher://x";
 	ok(resolve(&s, opts, NULL) < 0 &&
-	   strstr(err, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (flag)") != NULL,
-	   "settings: a flag's error says it was the flag");
+	   strstr(err, "--otel-traces-endpoint") != NULL,
+	   "settings: a flag's error names the flag");
 	opts[OTEL_OPT_TRACES_ENDPOINT] = NULL;
 }
 
