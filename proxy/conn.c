@@ -447,6 +447,7 @@ static void reset_request(struct conn *c)
 	c->key.key[0] = '\0';
 	c->key.pending = false;
 	c->refused = -1;
+	c->rl_method = NULL;
 	c->rl.active = false;
 	body_clear(&c->body);
 	llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
@@ -518,7 +519,12 @@ static int on_message_begin(llhttp_t *p)
 
 static int on_url(llhttp_t *p, const char *at, size_t len)
 {
-	return h1_head_target(&((struct conn *)p->data)->head, at, len);
+	struct conn *c = p->data;
+
+	/* the method is known from here: a request refused later (a bad
+	 * field, a head too large) is logged with its request line */
+	c->rl_method = llhttp_method_name((llhttp_method_t)p->method);
+	return h1_head_target(&c->head, at, len);
 }
 
 /*
@@ -716,7 +722,6 @@ static void head_complete(struct conn *c)
 	c->http_minor = p->http_minor;
 	if (h1_keep_alive(&c->head.fields, c->http_major, c->http_minor))
 		cf_set(c, CF(KEEP_ALIVE));
-	c->rl_method = llhttp_method_name((llhttp_method_t)p->method);
 	reqlog_head(&c->rl, c->cfg, &c->head.fields);
 	why = head_unacceptable(c, &prob);
 	if (why != NULL) {
