@@ -14,7 +14,6 @@ and logged; --trusted-proxies lets X-Forwarded-For name the client.
 Lines are matched to requests by their request id (each request sends its
 own, or the response's X-Request-Id says which one was made).
 """
-import concurrent.futures as cf
 import json
 import os
 import re
@@ -63,9 +62,10 @@ def start(make_proxy, tmp_path, fmt, *flags, store_args=(), name=None,
 
 
 def send(port, method, target, rid=None, key=None, body=None, headers=(),
-         raw=None, timeout=20.0):
+         raw=None, timeout=20.0, hold=None):
     """One request on a fresh connection; the response gets .sent (request
-    bytes) and .got (response bytes, exactly)."""
+    bytes) and .got (response bytes, exactly). hold(r) is called before
+    the connection is closed."""
     hs = []
     if rid is not None:
         hs.append(("X-Request-Id", rid))
@@ -80,6 +80,8 @@ def send(port, method, target, rid=None, key=None, body=None, headers=(),
         r = c.read_response(method)
         r.sent = len(data)
         r.got = c.response_bytes()
+        if hold is not None:
+            hold(r)
     return r
 
 
@@ -182,6 +184,12 @@ scope     = header:Authorization
 @pytest.mark.parametrize("fmt", FMTS)
 def test_every_outcome_has_its_line(make_proxy, stub, store_args, tmp_path,
                                     fmt):
+    """forwarded, replayed, mismatch, conflict, a waiting duplicate,
+    missing_key, invalid_key, too_large, an unknown outcome (the upstream
+    drops the connection) and a pass-through: each has one line with its
+    status, outcome, key, route, upstream (only when forwarded), the
+    durations of the steps it went through and no others, its exact byte
+    counts and the request id its response carried."""
     ini = tmp_path / "routes.ini"
     ini.write_text(ROUTES_INI)
     p = start(make_proxy, tmp_path, fmt, "--config", str(ini),
@@ -189,6 +197,12 @@ def test_every_outcome_has_its_line(make_proxy, stub, store_args, tmp_path,
               "--wait-timeout", "10s", store_args=store_args)
     auth = [("Authorization", "Bearer alice")]
     seen = []                  # every response, in order
+
+    def logged(r):
+        """A keyed request's line is written once its outcome is recorded,
+        with store_s, if the client is still there (one that closes at
+        once gets it earlier, without): hold the connection till then."""
+        wait_rids(p.alog, [r.header("X-Request-Id")], fmt)
 
     def go(*a, **kw):
         r = send(p.port, *a, **kw)
@@ -199,7 +213,8 @@ def test_every_outcome_has_its_line(make_proxy, stub, store_args, tmp_path,
     k1 = newkey("fwd")
     fwd = go("POST", "/orders?secret=s3cr3t", rid=rid("fwd"), key=k1,
              body=ORDER, headers=auth + [("User-Agent", "agent/1.0"),
-                                         ("Referer", "http://ref.test/a")])
+                                         ("Referer", "http://ref.test/a")],
+             hold=logged)
     assert fwd.status == 200 and fwd.header("X-Request-Id").startswith("fwd-")
     # replayed: the current request's id, and the executing one's
     rep = go("POST", "/orders?secret=s3cr3t", rid=rid("rep"), key=k1,
@@ -227,6 +242,7 @@ def test_every_outcome_has_its_line(make_proxy, stub, store_args, tmp_path,
         own = owner.read_response()
         own.sent, own.got = len(raw), owner.response_bytes()
         seen.append(own)
+        logged(own)
         assert own.status == 200
     # wait: the global policy waits for the first one's outcome
     k3 = newkey("wait")
@@ -246,6 +262,7 @@ def test_every_outcome_has_its_line(make_proxy, stub, store_args, tmp_path,
         fr = first.read_response()
         fr.sent, fr.got = len(raw), first.response_bytes()
         seen.append(fr)
+        logged(fr)
     # refused before anything is claimed
     miss = go("POST", "/other", rid=rid("miss"), body=ORDER)
     assert_problem(miss, 400, "missing-idempotency-key")
@@ -258,7 +275,8 @@ def test_every_outcome_has_its_line(make_proxy, stub, store_args, tmp_path,
     # outcome; the line's outcome is the label idemproxy counted it under
     k5 = newkey("unk")
     before = request_outcomes(p)
-    unk = go("POST", "/pay?drop=1", rid=rid("unk"), key=k5, body=ORDER)
+    unk = go("POST", "/pay?drop=1", rid=rid("unk"), key=k5, body=ORDER,
+             hold=logged)
     assert_problem(unk, 502, "outcome-unknown")
     after = request_outcomes(p)
     counted = {k: after[k] - before.get(k, 0) for k in after
@@ -341,14 +359,20 @@ def test_refused_request_line(make_proxy, stub, tmp_path, fmt):
     assert_problem(bad, 400, "bad-request")
     garbage = send(p.port, None, None, raw=b"GARBAGE\r\n\r\n")
     assert_problem(garbage, 400, "bad-request")
-    for r in (bad, garbage):
+    huge = send(p.port, None, None, raw=b"GET /huge HTTP/1.1\r\nHost: x\r\n"
+                b"X-Big: " + b"a" * 70000 + b"\r\n\r\n")
+    assert huge.status == 431, huge
+    for r in (bad, garbage, huge):
         assert UUID4.fullmatch(r.header("X-Request-Id") or ""), r
         assert r.json()["request_id"] == r.header("X-Request-Id"), r
     by = wait_rids(p.alog, [bad.header("X-Request-Id"),
-                            garbage.header("X-Request-Id")], fmt)
-    for r in (bad, garbage):
+                            garbage.header("X-Request-Id"),
+                            huge.header("X-Request-Id")], fmt)
+    assert len(read_lines(p.alog)) == 3
+    for r, outcome in ((bad, "bad_request"), (garbage, "bad_request"),
+                       (huge, "headers_too_large")):
         d = one_line(by, r)
-        assert d["status"] == 400 and d["outcome"] == "bad_request", d
+        assert d["status"] == r.status and d["outcome"] == outcome, d
         assert d["upstream"] is None and d["upstream_s"] is None, d
         assert d["claim_s"] is None and d["key"] is None, d
         assert d["client"] == "127.0.0.1", d
@@ -363,6 +387,30 @@ def test_refused_request_line(make_proxy, stub, tmp_path, fmt):
     d = one_line(by, garbage)
     assert d["protocol"] != "HTTP/1.0", d            # nothing said HTTP/1.0
     assert 0 < d["bytes_in"] <= garbage.sent, d
+    d = one_line(by, huge)
+    assert d["path"] == "/huge" and d["method"] == "GET", d
+    assert d["protocol"] == "HTTP/1.1", d
+    assert 0 < d["bytes_in"] <= huge.sent, d
+
+
+def test_a_request_cut_short_says_why(make_proxy, stub, tmp_path):
+    """The client leaves in the middle of its body: one line, no status,
+    error says why; the next request on the proxy is logged as usual."""
+    p = start(make_proxy, tmp_path, "json")
+    with RawConn(p.port) as c:
+        c.send(b"POST /x HTTP/1.1\r\nHost: x\r\nX-Request-Id: left-1\r\n"
+               b"Content-Length: 100\r\n\r\nabc")
+        time.sleep(0.2)
+    r = send(p.port, "GET", "/next", rid="next-1")
+    assert r.status == 200
+    by = wait_rids(p.alog, ["left-1", "next-1"], "json")
+    d = by["left-1"]
+    assert len(d) == 1, d
+    d = d[0]
+    assert d["status"] is None and d["error"], d
+    assert d["method"] == "POST" and d["path"] == "/x", d
+    assert d["bytes_out"] == 0 and 0 < d["bytes_in"] <= 200, d
+    assert by["next-1"][0]["error"] is None
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -652,8 +700,12 @@ def test_a_stalled_pipe_drops_lines_but_never_holds_a_request(make_proxy,
         warns = [ln for ln in p.log().splitlines() if "dropping" in ln]
         assert len(warns) == 1, warns
         caught = [ln for ln in p.log().splitlines() if "caught up" in ln]
-        assert len(caught) == 1 and re.search(r"\b\d+ lines were dropped",
-                                              caught[0]), caught
+        assert len(caught) == 1, caught
+        m = re.search(r"\b(\d+) lines were dropped", caught[0])
+        assert m, caught
+        # the episode's count is the counter's (nothing dropped since)
+        assert int(m.group(1)) == metric(
+            p, "idemproxy_access_log_dropped_total") >= dropped, caught
 
         # stalled again with lines waiting: SIGTERM exits within the flush
         # bound (2 s) and the drain
