@@ -342,6 +342,17 @@ static void drop_mode(struct conn *c)
 	c->mode = CONN_MODE_NONE;
 }
 
+/* "HTTP/1.1" as the request line said; NULL when it did not get that far. */
+static const char *protocol_of(const struct conn *c)
+{
+	unsigned major = c->rl_head ? c->http_major : c->parser.http_major;
+	unsigned minor = c->rl_head ? c->http_minor : c->parser.http_minor;
+
+	if (major != 1)
+		return major == 0 ? NULL : "HTTP/?";
+	return minor == 0 ? "HTTP/1.0" : "HTTP/1.1";
+}
+
 /*
  * The request is over (error NULL), or cut short (error says why): its
  * access-log line and spans (reqlog.c). Once per request: reqlog_finish()
@@ -360,7 +371,7 @@ static void log_request(struct conn *c, const char *error)
 		.tls = c->ssl != NULL,
 		.method = c->rl_method,
 		.target = c->head.target,
-		.protocol = c->http_minor == 0 ? "HTTP/1.0" : "HTTP/1.1",
+		.protocol = protocol_of(c),
 		.route = c->route,
 		.outcome = c->refused >= 0 ?
 			   client_error_name((enum client_error)c->refused) :
@@ -448,6 +459,7 @@ static void reset_request(struct conn *c)
 	c->key.pending = false;
 	c->refused = -1;
 	c->rl_method = NULL;
+	c->rl_head = false;
 	c->rl.active = false;
 	body_clear(&c->body);
 	llhttp_init(&c->parser, HTTP_REQUEST, &parser_settings);
@@ -651,6 +663,10 @@ static int conn_feed_parser(struct conn *c)
 			evbuffer_drain(in, used);
 			return 1;
 		default:
+			/* what llhttp read of it counts as the request's */
+			if (llhttp_get_error_pos(&c->parser) != NULL)
+				c->rl.bytes_in += (size_t)(llhttp_get_error_pos(&c->parser) -
+							   (const char *)v.iov_base);
 			parse_failed(c);
 			return -1;
 		}
@@ -720,6 +736,7 @@ static void head_complete(struct conn *c)
 	c->method = p->method;
 	c->http_major = p->http_major;
 	c->http_minor = p->http_minor;
+	c->rl_head = true;
 	if (h1_keep_alive(&c->head.fields, c->http_major, c->http_minor))
 		cf_set(c, CF(KEEP_ALIVE));
 	reqlog_head(&c->rl, c->cfg, &c->head.fields);

@@ -144,7 +144,8 @@ struct conn {
 	enum outcome outcome;
 	int refused;			/* enum client_error of a request that
 					 * never became one; -1: none */
-	const char *rl_method;		/* its method's name; NULL: head not in */
+	const char *rl_method;		/* its method's name; NULL: not known */
+	bool rl_head;			/* its head is in (http_major/minor) */
 	struct reqlog rl;		/* what it did: access log, spans */
 
 	/* keyed requests (DESIGN.md §1 items 2-10, §4) */
