@@ -67,11 +67,13 @@ def dashboard_doc():
 
 
 def dashboard_exprs(doc):
-    """The panels' queries and the query variables' metrics."""
+    """The panels' PromQL queries and the query variables' metrics (the
+    access log's panel queries Loki: LogQL, not metrics)."""
     out = []
     for p in doc["panels"]:
         for t in p.get("targets", []):
-            out.append(t["expr"])
+            if t["datasource"]["type"] == "prometheus":
+                out.append(t["expr"])
     for v in doc["templating"]["list"]:
         if v["type"] == "query":
             q = v["query"]["query"] if isinstance(v["query"], dict) \
