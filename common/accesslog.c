@@ -8,7 +8,8 @@
  *     memcpy onto the fill buffer             close); idle with nothing to do
  *       (no room: drop and count it)        lock, swap fill and out, unlock
  *     wake the writer if it waits for us    write out in pieces that end on
- *     unlock                                  '\n', polling before each one
+ *     unlock                                  '\n' (poll() first, but to a
+ *                                             regular file)
  *
  * A worker holds the lock for one memcpy and signals only a writer that is
  * asleep waiting for it, so a line costs no syscall. The writer never holds
@@ -80,6 +81,11 @@
  * longest first, down to a common length, each ending in "..."; only if that
  * is not enough are the other strings cut the same way. A cut never splits
  * an escape or a UTF-8 sequence.
+ *
+ * Formatting allocates nothing and calls no printf: one pass writes the
+ * line and measures each string; only a line too long takes a second pass,
+ * with each field held to its share. gmtime_r runs once a second per
+ * thread (a thread-local cache of the seconds, in both forms).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -392,7 +398,7 @@ static size_t put_escaped(struct out *o, const char *str, enum esc m,
  * line's end) and its escaped length noted; otherwise it is held to its
  * cap, cut with "..." when longer.
  */
-static void put_field(struct out *o, enum field f, const char *s, enum esc m)
+static inline void put_field(struct out *o, enum field f, const char *s, enum esc m)
 {
 	size_t start = o->len, n;
 
@@ -481,7 +487,7 @@ static void put_time(struct out *o, int64_t time_us, bool json)
 }
 
 /* Text: a bare word, "-" when NULL or empty. */
-static void text_bare(struct out *o, enum field f, const char *s)
+static inline void text_bare(struct out *o, enum field f, const char *s)
 {
 	if (s == NULL || *s == '\0')
 		put_char(o, '-');
@@ -491,7 +497,7 @@ static void text_bare(struct out *o, enum field f, const char *s)
 
 /* Text: "..." always, "-" inside the quotes when NULL or empty (nginx's
  * referer and user agent). */
-static void text_quoted_dash(struct out *o, enum field f, const char *s)
+static inline void text_quoted_dash(struct out *o, enum field f, const char *s)
 {
 	put_char(o, '"');
 	if (s == NULL || *s == '\0')
@@ -502,7 +508,7 @@ static void text_quoted_dash(struct out *o, enum field f, const char *s)
 }
 
 /* Text: "..." when there, a bare - when NULL. */
-static void text_quoted(struct out *o, enum field f, const char *s)
+static inline void text_quoted(struct out *o, enum field f, const char *s)
 {
 	if (s == NULL) {
 		put_char(o, '-');
@@ -1237,7 +1243,10 @@ static void *writer_main(void *arg)
 		take_drops();
 		pthread_mutex_unlock(&w.lock);
 
+		/* stderr is likeliest to take a line now, after the nap (the
+		 * writes below may fill it, when it is the destination) */
 		note_drops(false);
+		announce();
 		from = 0;
 		for (size_t i = 0; i < ntodo; i++) {
 			write_out(out + from, wr.todo[i].at - from);

@@ -578,7 +578,8 @@ static void test_hostile(void)
 		free(longs[i]);
 }
 
-static size_t utf8_count_ok(const char *s)
+/* s ends in the cut mark */
+static bool cut_mark(const char *s)
 {
 	return s != NULL && strlen(s) >= 3 && strcmp(s + strlen(s) - 3, "...") == 0;
 }
@@ -597,7 +598,7 @@ static void test_cuts(void)
 	n = alog_format(&e, ALOG_FORMAT_JSON, buf);
 	v = parse_json(buf, n - 1);
 	ok(n == ALOG_LINE_MAX && v != NULL, "cut: a 10 KiB path fills the line exactly");
-	ok(v && utf8_count_ok(jstr(v, "path")) && strncmp(jstr(v, "path"), "aaaa", 4) == 0,
+	ok(v && cut_mark(jstr(v, "path")) && strncmp(jstr(v, "path"), "aaaa", 4) == 0,
 	   "cut: the path ends in \"...\"");
 	ok(v && strcmp(jstr(v, "user_agent"), "curl/8.5.0") == 0 &&
 	   strcmp(jstr(v, "request_id"), "rid-1") == 0 &&
@@ -609,7 +610,7 @@ static void test_cuts(void)
 	n = alog_format(&e, ALOG_FORMAT_JSON, buf);
 	v = parse_json(buf, n - 1);
 	ok(v && strlen(jstr(v, "path")) == strlen(jstr(v, "user_agent")) &&
-	   utf8_count_ok(jstr(v, "user_agent")) && n <= ALOG_LINE_MAX &&
+	   cut_mark(jstr(v, "user_agent")) && n <= ALOG_LINE_MAX &&
 	   n >= ALOG_LINE_MAX - 1,
 	   "cut: two long fields share the room equally");
 	json_object_put(v);
@@ -618,7 +619,7 @@ static void test_cuts(void)
 	n = alog_format(&e, ALOG_FORMAT_JSON, buf);
 	v = parse_json(buf, n - 1);
 	ok(v && strcmp(jstr(v, "path"), "/short") == 0 &&
-	   utf8_count_ok(jstr(v, "user_agent")),
+	   cut_mark(jstr(v, "user_agent")),
 	   "cut: a short path stays, the long user agent is cut");
 	json_object_put(v);
 
@@ -627,7 +628,7 @@ static void test_cuts(void)
 	e.path = b;
 	n = alog_format(&e, ALOG_FORMAT_JSON, buf);
 	v = parse_json(buf, n - 1);
-	ok(v && strcmp(jstr(v, "path"), "...") == 0 && utf8_count_ok(jstr(v, "route")) &&
+	ok(v && strcmp(jstr(v, "path"), "...") == 0 && cut_mark(jstr(v, "route")) &&
 	   strlen(jstr(v, "route")) > 2000,
 	   "cut: path first, down to \"...\", then the other strings");
 	json_object_put(v);
@@ -636,7 +637,7 @@ static void test_cuts(void)
 	e.path = e2;
 	n = alog_format(&e, ALOG_FORMAT_JSON, buf);
 	v = parse_json(buf, n - 1);
-	ok(v != NULL && utf8_count_ok(jstr(v, "path")), "cut: UTF-8 never split (json)");
+	ok(v != NULL && cut_mark(jstr(v, "path")), "cut: UTF-8 never split (json)");
 	json_object_put(v);
 	n = alog_format(&e, ALOG_FORMAT_TEXT, buf);
 	ok(one_line(buf, n) && text_in_order(buf, n) && strstr(buf, "\xc3\xa9...") != NULL,
@@ -787,31 +788,34 @@ static bool wait_until(bool (*cond)(void *), void *arg)
 #define MAX_THREADS 100
 #define MARKER 99		/* the test's own lines: "t99-i" */
 
-static size_t line_for(int t, int i, enum alog_format f, char *buf)
+/* Writer t's line i: its request id says which; rid and path hold its
+ * strings. */
+static struct alog_entry entry_for(int t, int i, char rid[32], char path[48])
 {
 	struct alog_entry e = full_entry();
-	char rid[32], path[48];
 
-	snprintf(rid, sizeof(rid), "t%d-%d", t, i);
-	snprintf(path, sizeof(path), "/v1/things/%d?n=%d", i * 7919 % 100000, t);
+	snprintf(rid, 32, "t%d-%d", t, i);
+	snprintf(path, 48, "/v1/things/%d?n=%d", i * 7919 % 100000, t);
 	e.request_id = rid;
 	e.path = path;
 	e.bytes_out = (uint64_t)i * 13;
 	e.time_us = T_FULL + (int64_t)i * 1000;
+	return e;
+}
+
+static size_t line_for(int t, int i, enum alog_format f, char *buf)
+{
+	char rid[32], path[48];
+	struct alog_entry e = entry_for(t, i, rid, path);
+
 	return alog_format(&e, f, buf);
 }
 
 static void write_line(int t, int i, enum alog_format f)
 {
-	struct alog_entry e = full_entry();
 	char rid[32], path[48];
+	struct alog_entry e = entry_for(t, i, rid, path);
 
-	snprintf(rid, sizeof(rid), "t%d-%d", t, i);
-	snprintf(path, sizeof(path), "/v1/things/%d?n=%d", i * 7919 % 100000, t);
-	e.request_id = rid;
-	e.path = path;
-	e.bytes_out = (uint64_t)i * 13;
-	e.time_us = T_FULL + (int64_t)i * 1000;
 	alog_write(&e, f);
 }
 
@@ -1111,7 +1115,6 @@ static void test_write_errors(void)
 {
 	char err[256];
 	uint64_t want;
-	int p[2];
 
 	/* /dev/full: ENOSPC on every write */
 	ok(alog_open("/dev/full", err, sizeof(err)) == 0, "errors: open /dev/full");
@@ -1137,7 +1140,6 @@ static void test_write_errors(void)
 		ok(wait_until(dropped_reaches, &want), "errors: EPIPE: dropped and counted, no SIGPIPE");
 		alog_close(1000);
 	}
-	(void)p;
 	is_int(metric("access_log_dropped_total"), alog_dropped(),
 	       "errors: the dropped metric agrees with alog_dropped()");
 }
