@@ -183,14 +183,29 @@ static void test_exact(void)
 {
 	char buf[1024];
 
-	problem_render(PROBLEM_IN_PROGRESS, "a request with this key is "
-		       "still in progress", buf, sizeof(buf));
+	char longid[PROBLEM_REQUEST_ID_MAX + 2];
+
+	problem_render_id(PROBLEM_IN_PROGRESS, "a request with this key is "
+			  "still in progress", "3f1c2a9e-8b4d-4e7a-9c21-5d6e7f8a9b0c",
+			  buf, sizeof(buf));
 	is_str(buf, "{\"type\":\"urn:idemproxy:problem:request-in-progress\","
 	       "\"title\":\"Request In Progress\",\"status\":409,"
 	       "\"detail\":\"a request with this key is still in progress\","
 	       "\"error\":{\"type\":\"idempotency_error\","
 	       "\"code\":\"request-in-progress\",\"message\":\"a request with "
-	       "this key is still in progress\"}}", "409 in full");
+	       "this key is still in progress\"},"
+	       "\"request_id\":\"3f1c2a9e-8b4d-4e7a-9c21-5d6e7f8a9b0c\"}",
+	       "409 in full, with its request id");
+	problem_render(PROBLEM_IN_PROGRESS, NULL, buf, sizeof(buf));
+	ok(strstr(buf, "request_id") == NULL, "no request id: no member");
+	memset(longid, 'a', sizeof(longid) - 1);
+	longid[sizeof(longid) - 1] = '\0';
+	problem_render_id(PROBLEM_IN_PROGRESS, NULL, longid, buf, sizeof(buf));
+	ok(strstr(buf, "request_id") == NULL && buf[strlen(buf) - 1] == '}',
+	   "an id longer than PROBLEM_REQUEST_ID_MAX is left out whole");
+	longid[PROBLEM_REQUEST_ID_MAX] = '\0';
+	problem_render_id(PROBLEM_IN_PROGRESS, NULL, longid, buf, sizeof(buf));
+	ok(strstr(buf, longid) != NULL, "an id of PROBLEM_REQUEST_ID_MAX is kept");
 }
 
 /* A detail of n control characters (the widest escape) fits
