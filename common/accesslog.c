@@ -107,6 +107,7 @@
 #include "clock.h"
 #include "log.h"
 #include "metrics.h"
+#include "utf8.h"
 
 _Static_assert(ALOG_LINE_MAX <= PIPE_BUF,
 	       "a line must fit in one atomic write to a pipe");
@@ -226,40 +227,6 @@ static void put_seconds(struct out *o, int64_t us)
 	o->len += n;
 }
 
-/*
- * Length of the well-formed UTF-8 sequence at s (Unicode's table 3-7: no
- * overlong form, no surrogate, nothing past U+10FFFF), or 0. s is NUL
- * terminated; a NUL is never a continuation byte, so nothing past it is
- * read.
- */
-static size_t utf8_len(const unsigned char *s)
-{
-	unsigned lo = 0x80, hi = 0xbf;
-	size_t n;
-
-	if (s[0] >= 0xc2 && s[0] <= 0xdf)
-		n = 2;
-	else if (s[0] >= 0xe0 && s[0] <= 0xef)
-		n = 3;
-	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-		n = 4;
-	else
-		return 0;
-	if (s[0] == 0xe0)
-		lo = 0xa0;
-	else if (s[0] == 0xed)
-		hi = 0x9f;
-	else if (s[0] == 0xf0)
-		lo = 0x90;
-	else if (s[0] == 0xf4)
-		hi = 0x8f;
-	if (s[1] < lo || s[1] > hi)
-		return 0;
-	for (size_t i = 2; i < n; i++)
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-	return n;
-}
 
 /*
  * The bytes copied as they are: printable ASCII but the quote and the
@@ -284,6 +251,27 @@ static const unsigned char plain_mask[] = {
 static inline bool plain(unsigned char c, enum esc m)
 {
 	return byte_class[c] & plain_mask[m];
+}
+
+/*
+ * Are the 8 bytes at s all plain (m's class)? Eight at a time, the way
+ * strlen() looks for a NUL: a byte below 0x20 or from 0x7f up, a quote, a
+ * backslash (and for a bare word the space) is found without a branch per
+ * byte. Only called where 8 bytes are known to be there.
+ */
+static inline bool plain8(const unsigned char *s, enum esc m)
+{
+	const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+	uint64_t x, bad;
+
+	memcpy(&x, s, 8);
+#define HAS_ZERO(v) (((v) - ones) & ~(v) & high)
+	bad = ((x - 0x20 * ones) | x | (x + 0x01 * ones)) & high;	/* < 0x20, >= 0x7f */
+	bad |= HAS_ZERO(x ^ (0x22 * ones)) | HAS_ZERO(x ^ (0x5c * ones));
+	if (m == ESC_BARE)
+		bad |= HAS_ZERO(x ^ (0x20 * ones));
+#undef HAS_ZERO
+	return bad == 0;
 }
 
 /* The escape of one byte: \n, \x1b or \u001b. Returns its length. */
@@ -328,6 +316,7 @@ static size_t put_escaped(struct out *o, const char *str, enum esc m,
 			  size_t most)
 {
 	const unsigned char *s = (const unsigned char *)str;
+	const unsigned char *end = s + strlen(str);
 	unsigned char mask = plain_mask[m];
 	size_t used = 0, n, seq;
 	char e[12];
@@ -340,7 +329,13 @@ static size_t put_escaped(struct out *o, const char *str, enum esc m,
 
 		if (lim > 0) {
 			char *d = o->buf + o->len;
+			size_t left = (size_t)(end - s);
+			size_t words = (lim < left ? lim : left) & ~(size_t)7;
 
+			while (k < words && plain8(s + k, m)) {
+				memcpy(d + k, s + k, 8);
+				k += 8;
+			}
 			while (k < lim && (byte_class[s[k]] & mask)) {
 				d[k] = (char)s[k];
 				k++;
@@ -360,7 +355,8 @@ static size_t put_escaped(struct out *o, const char *str, enum esc m,
 		s += k;
 		if (*s == '\0')
 			break;
-		seq = *s < 0x80 ? 0 : utf8_len(s);
+		/* NUL-terminated: a NUL ends any sequence before it is over */
+		seq = *s < 0x80 ? 0 : utf8_len(s, 4);
 		if (seq == 2 && s[0] == 0xc2 && s[1] < 0xa0) {
 			/* a C1 control (U+0080-U+009F): terminals act on it */
 			if (m == ESC_JSON) {
@@ -587,22 +583,23 @@ static void format_text(struct out *o, const struct alog_entry *e)
 	text_quoted(o, F_ERROR, e->error);
 }
 
-/* JSON: a member's value, a string or null. name is ",\"name\":". */
+/* JSON: a member's value, a string or null. name is ",\"name\":\"", its
+ * opening quote copied with it (the null drops it). */
 static inline void json_str(struct out *o, const char *name, size_t name_len,
 		     enum field f, const char *s)
 {
-	put(o, name, name_len);
 	if (s == NULL) {
+		put(o, name, name_len - 1);
 		put_lit(o, "null");
 		return;
 	}
-	put_char(o, '"');
+	put(o, name, name_len);
 	put_field(o, f, s, ESC_JSON);
 	put_char(o, '"');
 }
 
 #define JSON_STR(o, name, f, s) \
-	json_str((o), ",\"" name "\":", sizeof(",\"" name "\":") - 1, (f), (s))
+	json_str((o), ",\"" name "\":\"", sizeof(",\"" name "\":\"") - 1, (f), (s))
 
 static inline void json_seconds(struct out *o, const char *name, size_t name_len,
 			 int64_t us)

@@ -619,6 +619,7 @@ static void config_free(struct config *c)
 		opt_clear(&options[i], c);
 	routes_free(&c->routing);
 	cidr_clear(&c->trusted);
+	free(c->upstream_addr);
 	otel_settings_free(&c->otel);
 	strv_free(c->argv);
 	strv_free(c->env);
@@ -1063,6 +1064,14 @@ static int derive(const struct build *b, struct config *c, char **envp,
 	char why[256];
 	size_t i;
 
+	bool v6 = strchr(c->upstream_hp.host, ':') != NULL;
+
+	if (asprintf(&c->upstream_addr, v6 ? "[%s]:%s" : "%s:%s",
+		     c->upstream_hp.host, c->upstream_hp.port) < 0) {
+		c->upstream_addr = NULL;
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
 	if (c->trusted_proxies != NULL &&
 	    cidr_parse(c->trusted_proxies, &c->trusted, why, sizeof(why)) < 0) {
 		snprintf(err, errlen, "--trusted-proxies: %s", why);

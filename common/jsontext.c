@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "hex.h"
+#include "utf8.h"
 
 /* Deepest nesting jsontext_scan() can follow at all. */
 #define DEPTH_LIMIT 256
@@ -75,42 +76,6 @@ static int escape(const char *s, size_t len, size_t *i)
 		return -1;
 	*i += 6;
 	return 0;
-}
-
-/*
- * The length of the UTF-8 sequence at s[0..left), or 0 when it is not one
- * RFC 3629 allows: a continuation byte first, a sequence cut short, an
- * overlong form (C0 80, E0 80 80), an encoded surrogate (ED A0 80) or a
- * code point beyond U+10FFFF (F4 90 80 80, F5 and up). json-c counts only
- * the continuation bytes.
- */
-static size_t utf8_len(const unsigned char *s, size_t left)
-{
-	unsigned char lo = 0x80, hi = 0xbf;	/* what the second byte may be */
-	size_t n;
-
-	if (s[0] >= 0xc2 && s[0] <= 0xdf)
-		n = 2;
-	else if (s[0] >= 0xe0 && s[0] <= 0xef)
-		n = 3;
-	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-		n = 4;
-	else
-		return 0;
-	if (s[0] == 0xe0)
-		lo = 0xa0;			/* below U+0800: overlong */
-	else if (s[0] == 0xed)
-		hi = 0x9f;			/* U+D800-DFFF */
-	else if (s[0] == 0xf0)
-		lo = 0x90;			/* below U+10000: overlong */
-	else if (s[0] == 0xf4)
-		hi = 0x8f;			/* beyond U+10FFFF */
-	if (left < n || s[1] < lo || s[1] > hi)
-		return 0;
-	for (size_t i = 2; i < n; i++)
-		if (s[i] < 0x80 || s[i] > 0xbf)
-			return 0;
-	return n;
 }
 
 /* The number whose text starts at s[*i]: read into t, *i on its last

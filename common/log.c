@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "utf8.h"
 
 /* Read by every thread on every call, written on start-up and SIGHUP. */
 static atomic_int log_threshold = LOG_INFO;
@@ -87,44 +88,6 @@ static void line_puts(struct line *l, const char *s)
 	line_put(l, s, strlen(s));
 }
 
-/*
- * Length of the valid UTF-8 sequence at s (at most n bytes), or 0 if the
- * bytes there are not one. JSON must be valid UTF-8, and messages may
- * carry arbitrary client bytes.
- */
-static size_t utf8_seq_len(const unsigned char *s, size_t n)
-{
-	size_t len, i;
-	unsigned c = s[0];
-	unsigned long cp;
-
-	if (c < 0x80)
-		return 1;
-	if (c >= 0xc2 && c <= 0xdf) {
-		len = 2;
-		cp = c & 0x1f;
-	} else if (c >= 0xe0 && c <= 0xef) {
-		len = 3;
-		cp = c & 0x0f;
-	} else if (c >= 0xf0 && c <= 0xf4) {
-		len = 4;
-		cp = c & 0x07;
-	} else {
-		return 0;
-	}
-	if (len > n)
-		return 0;
-	for (i = 1; i < len; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		cp = (cp << 6) | (s[i] & 0x3f);
-	}
-	/* overlong forms, surrogates and code points past U+10FFFF */
-	if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-	    (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-		return 0;
-	return len;
-}
 
 /*
  * Append msg escaped: JSON string rules when json, else only control
@@ -166,7 +129,7 @@ static void line_put_escaped(struct line *l, const char *msg, bool json)
 				line_put(l, (const char *)p, 1);
 				break;
 			}
-			seq = utf8_seq_len(p, n);
+			seq = utf8_len(p, n);
 			if (seq == 0) {
 				line_puts(l, "\\ufffd");
 				break;

@@ -38,6 +38,7 @@
 #include "hex.h"
 #include "hostport.h"
 #include "setting.h"
+#include "utf8.h"
 
 /* ---- trace context ---------------------------------------------------- */
 
@@ -863,32 +864,6 @@ static inline void jb_put(struct jbuf *b, const char *s, size_t n)
 
 /* a literal: its length known, its copy inlined */
 #define JB_LIT(b, lit) jb_put((b), (lit), sizeof(lit) - 1)
-
-/* Valid UTF-8 at s (n bytes left): its length, or 0 (RFC 3629: no overlong
- * form, no surrogate, nothing past U+10FFFF). */
-static size_t utf8_len(const unsigned char *s, size_t n)
-{
-	unsigned c = s[0];
-	size_t len;
-
-	if (c >= 0xc2 && c <= 0xdf)
-		len = 2;
-	else if (c >= 0xe0 && c <= 0xef)
-		len = 3;
-	else if (c >= 0xf0 && c <= 0xf4)
-		len = 4;
-	else
-		return 0;
-	if (len > n)
-		return 0;
-	for (size_t i = 1; i < len; i++)
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-	if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) ||
-	    (c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] > 0x8f))
-		return 0;
-	return len;
-}
 
 /* A byte JSON takes as it is: printable ASCII but '"' and '\\'. */
 static inline bool json_plain(unsigned c)

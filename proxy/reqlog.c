@@ -57,6 +57,7 @@ void reqlog_begin(struct reqlog *rl)
 	rl->parent.valid = false;
 	rl->unknown_us = 0;
 	rl->unknown_cause = -1;
+	rl->user_agent = rl->referer = rl->host = -1;
 	rl->active = true;
 	rl->wall_us = wall_us();
 	rl->start_us = clock_us();
@@ -76,22 +77,45 @@ bool reqlog_id_ok(const char *v, size_t len)
 	return true;
 }
 
+/* Is field i named name (of len bytes)? */
+static bool named(const struct hdrlist *f, uint32_t i, const char *name,
+		  size_t len)
+{
+	return f->v[i].name_len == len &&
+	       strncasecmp(hdr_name(f, i), name, len) == 0;
+}
+
 void reqlog_head(struct reqlog *rl, const struct config *cfg,
 		 const struct hdrlist *fields)
 {
-	int i = hdrlist_find(fields, cfg->request_id_header, 0);
-	int tp = hdrlist_find(fields, "traceparent", 0);
+	const char *rid_name = cfg->request_id_header;
+	size_t rid_len = strlen(rid_name);
+	int rid = -1, tp = -1, nrid = 0, ntp = 0;
 
-	if (i >= 0 && hdrlist_find(fields, cfg->request_id_header,
-				   (uint32_t)i + 1) < 0 &&
-	    reqlog_id_ok(hdr_value(fields, (uint32_t)i),
-			 fields->v[i].value_len)) {
-		memcpy(rl->request_id, hdr_value(fields, (uint32_t)i),
-		       fields->v[i].value_len);
-		rl->request_id[fields->v[i].value_len] = '\0';
+	/* one pass: a request's head is read once more here, not per field */
+	for (uint32_t i = 0; i < fields->n; i++) {
+		if (named(fields, i, rid_name, rid_len)) {
+			rid = (int)i;
+			nrid++;
+		} else if (named(fields, i, "traceparent", 11)) {
+			tp = (int)i;
+			ntp++;
+		} else if (named(fields, i, "user-agent", 10)) {
+			rl->user_agent = (int)i;
+		} else if (named(fields, i, "referer", 7)) {
+			rl->referer = (int)i;
+		} else if (named(fields, i, "host", 4)) {
+			rl->host = (int)i;
+		}
+	}
+	if (nrid == 1 && reqlog_id_ok(hdr_value(fields, (uint32_t)rid),
+				      fields->v[rid].value_len)) {
+		memcpy(rl->request_id, hdr_value(fields, (uint32_t)rid),
+		       fields->v[rid].value_len);
+		rl->request_id[fields->v[rid].value_len] = '\0';
 	}
 	/* W3C §3.2.2: several traceparent fields: none is to be trusted */
-	if (tp >= 0 && hdrlist_find(fields, "traceparent", (uint32_t)tp + 1) < 0)
+	if (ntp == 1)
 		(void)otel_parse_traceparent(hdr_value(fields, (uint32_t)tp),
 					     fields->v[tp].value_len, &rl->parent);
 	if (!cfg->otel.enabled) {
@@ -150,12 +174,11 @@ static int64_t phase_us(const struct reqlog *rl, enum reqlog_phase ph)
 	return (int64_t)(rl->phase[ph][1] - rl->phase[ph][0]);
 }
 
-/* A field's value (NUL-terminated in the arena); NULL when absent. */
-static const char *field_value(const struct hdrlist *f, const char *name)
+/* Field i's value (NUL-terminated in the arena); NULL when absent. */
+static const char *field_value(const struct hdrlist *f, int i)
 {
-	int i = f != NULL ? hdrlist_find(f, name, 0) : -1;
-
-	return i >= 0 ? hdr_value(f, (uint32_t)i) : NULL;
+	return f != NULL && i >= 0 && (uint32_t)i < f->n ?
+	       hdr_value(f, (uint32_t)i) : NULL;
 }
 
 /*
@@ -216,7 +239,7 @@ static const char *store_label(const struct config *cfg)
 static void write_line(const struct reqlog *rl, const struct reqlog_end *e,
 		       const char *client_fwd, const char *tid, const char *sid)
 {
-	char path[ALOG_LINE_MAX], up[300];
+	char path[ALOG_LINE_MAX];
 	const char *target = e->target;
 	struct alog_entry a = {
 		.time_us = rl->wall_us,
@@ -241,8 +264,8 @@ static void write_line(const struct reqlog *rl, const struct reqlog_end *e,
 		.original_request_id = rl->original_id[0] ? rl->original_id : NULL,
 		.trace_id = tid,
 		.span_id = sid,
-		.user_agent = field_value(e->fields, "user-agent"),
-		.referer = field_value(e->fields, "referer"),
+		.user_agent = field_value(e->fields, rl->user_agent),
+		.referer = field_value(e->fields, rl->referer),
 		.error = e->error,
 	};
 
@@ -262,11 +285,8 @@ static void write_line(const struct reqlog *rl, const struct reqlog_end *e,
 	a.path = target;
 	if (rl->scope[0] != '\0')
 		a.scope = rl->scope;
-	if (rl->forwarded) {
-		snprintf(up, sizeof(up), "%s:%s", e->cfg->upstream_hp.host,
-			 e->cfg->upstream_hp.port);
-		a.upstream = up;
-	}
+	if (rl->forwarded)
+		a.upstream = e->cfg->upstream_addr;
 	alog_write(&a, e->cfg->access_log_format);
 }
 
@@ -314,7 +334,7 @@ static void export_spans(const struct reqlog *rl, const struct reqlog_end *e,
 			 const char *client_fwd)
 {
 	char status_s[16], url[600];
-	const char *host = field_value(e->fields, "host");
+	const char *host = field_value(e->fields, rl->host);
 	uint64_t now = clock_us();
 	struct otel_attr attrs[] = {
 		{ "http.request.method", OTEL_ATTR_STRING, .s = e->method },
@@ -327,7 +347,7 @@ static void export_spans(const struct reqlog *rl, const struct reqlog_end *e,
 		{ "network.protocol.version", OTEL_ATTR_STRING,
 		  .s = e->protocol && strlen(e->protocol) > 5 ? e->protocol + 5 : NULL },
 		{ "user_agent.original", OTEL_ATTR_STRING,
-		  .s = field_value(e->fields, "user-agent") },
+		  .s = field_value(e->fields, rl->user_agent) },
 		{ "http.response.status_code", OTEL_ATTR_INT, .i = rl->status },
 		{ "error.type", OTEL_ATTR_STRING, .s = NULL },
 		{ "idempotency.key", OTEL_ATTR_STRING,
@@ -400,10 +420,10 @@ static void export_spans(const struct reqlog *rl, const struct reqlog_end *e,
 		up->kind = OTEL_KIND_CLIENT;
 		if (rl->phase[REQLOG_UPSTREAM][1] == 0)
 			up->end_ns = span_ns(rl, now);
-		snprintf(url, sizeof(url), "%s://%s:%s%s%s",
+		snprintf(url, sizeof(url), "%s://%s%s%s",
 			 e->cfg->upstream_tls ? "https" : "http",
-			 e->cfg->upstream_hp.host, e->cfg->upstream_hp.port,
-			 e->cfg->upstream_prefix, attrs[1].s ? attrs[1].s : "");
+			 e->cfg->upstream_addr, e->cfg->upstream_prefix,
+			 attrs[1].s ? attrs[1].s : "");
 		up_attrs[0] = (struct otel_attr){ "http.request.method",
 			OTEL_ATTR_STRING, .s = e->method };
 		up_attrs[1] = (struct otel_attr){ "server.address",

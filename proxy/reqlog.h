@@ -53,6 +53,9 @@ struct reqlog {
 	uint8_t up_span_id[OTEL_SPAN_ID_LEN];	/* the upstream exchange */
 	char traceparent[OTEL_TRACEPARENT_LEN + 1];	/* ... its parent */
 	char scope[13];			/* the scope hash's first 12 digits */
+	/* fields the line and the spans show, found in one pass over the
+	 * head (reqlog_head); -1: none */
+	int user_agent, referer, host;
 	/* a span event */
 	uint64_t unknown_us;		/* the outcome became unknown */
 	int unknown_cause;		/* enum unknown_cause; -1: none */

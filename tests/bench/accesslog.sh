@@ -11,6 +11,7 @@
 #
 # Environment (defaults):
 #   WORKERS=1 THREADS=1 CONNS=50 DURATION=8s WARMUP=2s REPEAT=5
+#   MEMORY_MAX=4GiB --memory-max-bytes of each idemproxy (keys of a run stay)
 #   PIN=            e.g. PIN=1: wrk on CPU 1, the servers on CPU 0
 #   IDEMPROXY_BIN   use this binary instead of building build-bench/
 #   STUB_BIN  BUILD_DIR  NGINX=nginx  WRK=wrk  PYTHON=/usr/bin/python3
@@ -41,6 +42,9 @@ BUILD_DIR=${BUILD_DIR:-$ROOT/build-bench}
 NGINX=${NGINX:-nginx}
 WRK=${WRK:-wrk}
 PYTHON=${PYTHON:-/usr/bin/python3}
+# unique keys stay in the memory store for its --ttl (24h): 256MiB, the
+# default bound, fills within a round
+MEMORY_MAX=${MEMORY_MAX:-4GiB}
 
 die() { echo "accesslog.sh: $*" >&2; exit 1; }
 note() { echo "# $*" >&2; }
@@ -68,7 +72,8 @@ start_proxy() {	# start_proxy NAME [flags...]
 	PORT[$name]=$(free_port)
 	"${server_cpu[@]}" "$IDEMPROXY_BIN" --upstream "http://127.0.0.1:$STUB_PORT" \
 		--listen "127.0.0.1:${PORT[$name]}" --admin-listen "127.0.0.1:$(free_port)" \
-		--workers "$WORKERS" --log-level warn --drain-timeout 1s "$@" \
+		--workers "$WORKERS" --log-level warn --drain-timeout 1s \
+		--memory-max-bytes "$MEMORY_MAX" "$@" \
 		>"$TMP/$name.log" 2>&1 &
 	PID[$name]=$!
 	PIDS+=("${PID[$name]}")
@@ -176,9 +181,9 @@ for kind in get keyed; do
 			"$kind" "$t" "$med" "$q1" "$q3" "$cmed" "$n"
 		awk -v m="$med" 'BEGIN { exit !(m < 0.95) }' && verdict="NOT met"
 	done
-	read -r med _ _ _ _ <<<"$(paired "${R[$kind,off]}" "${R[$kind,stub]}")"
-	[[ $kind == get ]] && printf '%-6s idemproxy/stub req/s %s' "$kind" "$med"
 	if [[ $kind == get ]]; then
+		read -r med _ _ _ _ <<<"$(paired "${R[get,off]}" "${R[get,stub]}")"
+		printf '%-6s idemproxy/stub req/s %s' "$kind" "$med"
 		read -r nmed _ _ _ _ <<<"$(paired "${R[get,off]}" "${R[get,nginx]}")"
 		read -r lmed _ _ _ _ <<<"$(paired "${R[get,nginx-log]}" "${R[get,nginx]}")"
 		printf ', idemproxy/nginx %s; nginx log on/off %s\n' "$nmed" "$lmed"

@@ -24,6 +24,9 @@
 #   COUNT=3000 WARM=50   requests counted, and sent before counting
 #   ROWS="plain-GET plain-POST tls-GET tls-POST plain-KEYED"
 #   IDEMPROXY_BIN        release binary (default: build BUILD_DIR)
+#   KEEP_PROFILE=PREFIX  keep each callgrind profile as PREFIX.SERVER.ROW
+#   IDEMPROXY_FLAGS      more flags for idemproxy, split on blanks (e.g.
+#                        "--access-log /tmp/a.log --access-log-format json")
 #   BUILD_DIR            default build-bench;  STUB_BIN, NGINX, PYTHON
 #
 # Everything listens on 127.0.0.1; every process started here is stopped by
@@ -74,6 +77,8 @@ count() {
 		local args=(--upstream "http://127.0.0.1:$STUB_PORT" --listen "127.0.0.1:$port"
 			    --admin-listen "127.0.0.1:$(free_port)" --workers 1 --log-level warn)
 		[[ $transport == tls ]] && args+=(--tls-cert "$TMP/cert.pem" --tls-key "$TMP/key.pem")
+		# shellcheck disable=SC2206
+		args+=(${IDEMPROXY_FLAGS:-})
 		valgrind --tool=callgrind --callgrind-out-file="$out" \
 			"$IDEMPROXY_BIN" "${args[@]}" >"$TMP/$server.log" 2>&1 &
 	else
@@ -99,6 +104,7 @@ count() {
 		fail "$pid" "$server $transport $kind: requests failed"
 	callgrind_control -d "$pid" >/dev/null 2>&1 || fail "$pid" "callgrind_control -d failed"
 	stop_pid "$pid"
+	[[ -z ${KEEP_PROFILE:-} ]] || cp "$out.1" "$KEEP_PROFILE.$server.$transport.$kind"
 	total=$(sed -n 's/^summary: //p' "$out.1")
 	[[ -n $total ]] || die "$server $transport $kind: no callgrind summary"
 	COUNTED=$((total / COUNT))

@@ -19,7 +19,7 @@
 set -eu
 cd "$(dirname "$0")/../.."
 
-ALL="request response keysrc idemkey verify config setting jcs fpshape jwt"
+ALL="request response keysrc idemkey verify config setting jcs fpshape jwt logs"
 BUILD=${IDEMPROXY_FUZZ_BUILD:-build-fuzz}
 
 # The input size each target is run with: a head of 4 KiB and a few
@@ -36,6 +36,7 @@ max_len() {
 	jcs) echo 4096 ;;
 	fpshape) echo 2048 ;;
 	jwt) echo 4096 ;;
+	logs) echo 8192 ;;
 	*) echo "tests/fuzz/run.sh: unknown target $1 (targets: $ALL)" >&2; exit 2 ;;
 	esac
 }

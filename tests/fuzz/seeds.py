@@ -440,6 +440,28 @@ def jwt_seeds():
     return seeds
 
 
+def logs_seeds():
+    """fuzz_logs.c: NUL-separated path, key, request id, user agent,
+    referer, error; the first also a traceparent."""
+    tp = [b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+          b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+          b"cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+          b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+          b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+          b" 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00 "]
+    fields = [b"/orders?x=1", b"order-42", b"req-1", b"curl/8.5.0",
+              b"https://example.com/", b""]
+    hostile = [b"/a\"b\\c\n\r\tx", b"k\x01\x7f\xc2\x85", b"\xff\xfe\xc0\x80",
+               "é€😀".encode(), b"x" * 5000, b"\xe2\x82" + b"y" * 4090]
+    out = [b"\0".join([t] + fields[1:]) for t in tp]
+    for i, h in enumerate(hostile):
+        f = list(fields)
+        f[i % len(f)] = h
+        out.append(b"\0".join(f))
+    out.append(b"\0".join(hostile))
+    return out
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -463,6 +485,7 @@ def main():
     write("jcs", jcs_seeds())
     write("fpshape", fpshape_seeds())
     write("jwt", jwt_seeds())
+    write("logs", logs_seeds())
 
 
 if __name__ == "__main__":

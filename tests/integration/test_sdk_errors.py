@@ -46,7 +46,8 @@ from pathlib import Path
 
 import pytest
 
-from support.procs import IDEMPROXY_BIN, ROOT, free_port, wait_readyz
+from support import npm
+from support.procs import ROOT, free_port, wait_readyz
 
 SDK_SRC = Path(ROOT) / "tests" / "support" / "sdk"
 SCRIPT = SDK_SRC / "sdk_errors.js"
@@ -66,40 +67,15 @@ CLASSES = {
 }
 
 
-def sdk_dir():
-    """Where the SDKs are installed: never in the source tree."""
-    if os.environ.get("IDEMPROXY_SDK_DIR"):
-        return Path(os.environ["IDEMPROXY_SDK_DIR"])
-    build = Path(IDEMPROXY_BIN).resolve().parent.parent
-    if (build / "meson-info").is_dir():
-        return build / "tests" / "support" / "sdk"
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "idemproxy" / "sdk"
-
-
 @pytest.fixture(scope="session")
 def sdk_modules():
-    """The directory whose node_modules holds the pinned SDKs."""
-    npm, node = shutil.which("npm"), shutil.which("node")
-    if npm is None or node is None:
+    """The directory whose node_modules holds the pinned SDKs (support/npm.py
+    installs them into the build directory, or IDEMPROXY_SDK_DIR)."""
+    try:
+        return npm.install(SDK_SRC, npm.install_dir("sdk", "IDEMPROXY_SDK_DIR"))
+    except npm.NodeUnavailable:
         pytest.skip("npm is not installed (deploy/install-deps.sh installs "
                     "Debian's npm)")
-    dest = sdk_dir()
-    dest.mkdir(parents=True, exist_ok=True)
-    wanted = {name: (SDK_SRC / name).read_bytes()
-              for name in ("package.json", "package-lock.json")}
-    installed = (dest / "node_modules" / ".package-lock.json").is_file() and \
-        all((dest / name).is_file() and (dest / name).read_bytes() == data
-            for name, data in wanted.items())
-    if not installed:
-        for name, data in wanted.items():
-            (dest / name).write_bytes(data)
-        r = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit",
-                            "--no-fund", "--loglevel=error"], cwd=dest,
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, \
-            f"npm ci in {dest} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
-    return dest
 
 
 def run_sdk(modules, sdk, scenario, proxy, stub, key):

@@ -3,11 +3,10 @@ node http server instrumented with the OpenTelemetry SDK for Node at the
 versions pinned in tests/support/otel/package-lock.json, exporting over
 OTLP/HTTP JSON (to a support.otlp.OtlpReceiver).
 
-The packages are installed as test_sdk_errors.py installs its SDKs: `npm ci
---ignore-scripts` into the build directory (<build>/tests/support/otel, or
-IDEMPROXY_OTEL_DIR, or $XDG_CACHE_HOME/idemproxy/otel, ~/.cache by default,
-for a binary outside a build directory), never the source tree, and again
-only when package.json or package-lock.json changed. To move the pins: edit
+The packages are installed by support/npm.py, as test_sdk_errors.py's
+SDKs: `npm ci --ignore-scripts` into <build>/tests/support/otel (or
+IDEMPROXY_OTEL_DIR, or $XDG_CACHE_HOME/idemproxy/otel), never the source
+tree, and again only when package.json or package-lock.json changed. To move the pins: edit
 tests/support/otel/package.json, run `npm install --package-lock-only`
 there and commit both files; the pinned versions run on node 18.19 (Debian
 12's) and later.
@@ -32,7 +31,6 @@ Fixtures (import them into a test module):
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import urllib.parse
@@ -40,59 +38,26 @@ from pathlib import Path
 
 import pytest
 
+from . import npm
 from .http import http_get
+from .npm import NodeUnavailable, tools  # noqa: F401 (their API too)
 from .otlp import OtlpReceiver
-from .procs import IDEMPROXY_BIN, ROOT, read_text
+from .procs import ROOT, read_text
 
 OTEL_SRC = Path(ROOT) / "tests" / "support" / "otel"
 UPSTREAM_JS = OTEL_SRC / "upstream.js"
-PACKAGE_FILES = ("package.json", "package-lock.json")
 DEFAULT_SERVICE = "orders-upstream"
-
-
-class NodeUnavailable(RuntimeError):
-    """node or npm is not installed."""
 
 
 def otel_dir():
     """Where the packages are installed: never in the source tree."""
-    if os.environ.get("IDEMPROXY_OTEL_DIR"):
-        return Path(os.environ["IDEMPROXY_OTEL_DIR"])
-    build = Path(IDEMPROXY_BIN).resolve().parent.parent
-    if (build / "meson-info").is_dir():
-        return build / "tests" / "support" / "otel"
-    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(cache) / "idemproxy" / "otel"
-
-
-def tools():
-    """(node, npm) paths; NodeUnavailable when either is missing."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        raise NodeUnavailable("node/npm are not installed "
-                              "(deploy/install-deps.sh installs Debian's)")
-    return node, npm
+    return npm.install_dir("otel", "IDEMPROXY_OTEL_DIR")
 
 
 def install_modules(dest=None):
     """`npm ci` of tests/support/otel into `dest` (default otel_dir())
     unless it already holds that install; returns the directory."""
-    _, npm = tools()
-    dest = Path(dest) if dest else otel_dir()
-    dest.mkdir(parents=True, exist_ok=True)
-    wanted = {n: (OTEL_SRC / n).read_bytes() for n in PACKAGE_FILES}
-    installed = (dest / "node_modules" / ".package-lock.json").is_file() and \
-        all((dest / n).is_file() and (dest / n).read_bytes() == data
-            for n, data in wanted.items())
-    if not installed:
-        for n, data in wanted.items():
-            (dest / n).write_bytes(data)
-        r = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit",
-                            "--no-fund", "--loglevel=error"], cwd=dest,
-                           capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, \
-            f"npm ci in {dest} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
-    return dest
+    return npm.install(OTEL_SRC, dest or otel_dir())
 
 
 def node_env(extra=None):
