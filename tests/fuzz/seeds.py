@@ -459,7 +459,7 @@ def logs_seeds():
         f[i % len(f)] = h
         out.append(b"\0".join(f))
     out.append(b"\0".join(hostile))
-    return out
+    return {f"seed-{i:02d}": data for i, data in enumerate(out)}
 
 
 def write(target, seeds):
