@@ -1066,6 +1066,7 @@ static int derive(const struct build *b, struct config *c, char **envp,
 
 	bool v6 = strchr(c->upstream_hp.host, ':') != NULL;
 
+	c->request_id_len = strlen(c->request_id_header);
 	if (asprintf(&c->upstream_addr, v6 ? "[%s]:%s" : "%s:%s",
 		     c->upstream_hp.host, c->upstream_hp.port) < 0) {
 		c->upstream_addr = NULL;

@@ -113,6 +113,7 @@ struct config {
 	char *trusted_proxies;		/* as given; NULL: none */
 	struct cidr_set trusted;	/* ... parsed */
 	char *request_id_header;	/* "X-Request-Id" */
+	size_t request_id_len;		/* ... its length */
 	char *upstream_addr;		/* "host:port" of the upstream, as the
 					 * access log names it */
 	char *otel_opt[OTEL_OPT_COUNT];	/* --otel-*, as given (NULL: unset) */

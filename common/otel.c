@@ -112,14 +112,20 @@ fail:
 	return -1;
 }
 
+/* Every byte's two hex digits: one copy per byte (ids are made for every
+ * request: its request id, its trace). */
+#define HEX2(b) "0123456789abcdef"[(b) >> 4], "0123456789abcdef"[(b) & 15]
+#define HEX2_4(b) HEX2(b), HEX2((b) + 1), HEX2((b) + 2), HEX2((b) + 3)
+#define HEX2_16(b) HEX2_4(b), HEX2_4((b) + 4), HEX2_4((b) + 8), HEX2_4((b) + 12)
+#define HEX2_64(b) HEX2_16(b), HEX2_16((b) + 16), HEX2_16((b) + 32), HEX2_16((b) + 48)
+static const char hex_pairs[512] = {
+	HEX2_64(0), HEX2_64(64), HEX2_64(128), HEX2_64(192),
+};
+
 void otel_hex(const uint8_t *id, size_t n, char *out)
 {
-	static const char digits[] = "0123456789abcdef";
-
-	for (size_t i = 0; i < n; i++) {
-		out[2 * i] = digits[id[i] >> 4];
-		out[2 * i + 1] = digits[id[i] & 15];
-	}
+	for (size_t i = 0; i < n; i++)
+		memcpy(out + 2 * i, hex_pairs + 2 * id[i], 2);
 	out[2 * n] = '\0';
 }
 

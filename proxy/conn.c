@@ -219,6 +219,7 @@ static bool write_problem(struct conn *c, enum problem p, const char *detail,
 		return false;
 	}
 	c->rl.status = problem_status(p);
+	reqlog_need_id(&c->rl);
 	reply_problem(bufferevent_get_output(c->bev), p, detail, conn_reply_conn(c));
 	log_debug("conn %s: %d %s", c->peer, problem_status(p), problem_slug(p));
 	cf_set(c, CF(RESP_STARTED));

@@ -423,7 +423,7 @@ static bool stored_field(const struct hdrlist *h, uint32_t i, void *arg)
 		return true;
 	if (httphdr_drop_on_forward(h, i))
 		return false;
-	if (h->v[i].name_len == strlen(ix->req.cfg->request_id_header) &&
+	if (h->v[i].name_len == ix->req.cfg->request_id_len &&
 	    strncasecmp(hdr_name(h, i), ix->req.cfg->request_id_header,
 			h->v[i].name_len) == 0)
 		return false;	/* the request's own id is stored instead */

@@ -30,11 +30,12 @@ static void request_id(struct h1_out *o, struct reply_conn rc)
 	h1_out_add(o, "\r\n", 2);
 }
 
-/* Is field i named name? */
-static bool named(const struct hdrlist *h, uint32_t i, const char *name)
+/* Is field i named name (len bytes)? */
+static bool named(const struct hdrlist *h, uint32_t i, const char *name,
+		  size_t len)
 {
-	return name != NULL && h->v[i].name_len == strlen(name) &&
-	       strncasecmp(hdr_name(h, i), name, h->v[i].name_len) == 0;
+	return name != NULL && h->v[i].name_len == len &&
+	       strncasecmp(hdr_name(h, i), name, len) == 0;
 }
 
 void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
@@ -67,6 +68,7 @@ void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
 struct relay_filter {
 	bool keep_cl;
 	const char *rid_name;	/* the upstream's own is replaced by ours */
+	size_t rid_len;
 };
 
 /* End-to-end fields of a relayed head; keep_cl keeps Content-Length. */
@@ -76,7 +78,7 @@ static bool relayed_field(const struct hdrlist *h, uint32_t i, void *arg)
 	bool is_cl = h->v[i].name_len == 14 &&
 		     strncasecmp(hdr_name(h, i), "content-length", 14) == 0;
 
-	if (named(h, i, f->rid_name))
+	if (named(h, i, f->rid_name, f->rid_len))
 		return false;
 	return !httphdr_drop_on_forward(h, i) || (is_cl && f->keep_cl);
 }
@@ -84,7 +86,8 @@ static bool relayed_field(const struct hdrlist *h, uint32_t i, void *arg)
 void reply_relay_head(struct evbuffer *out, const struct upstream_resp *r,
 		      bool keep_cl, bool chunked, struct reply_conn rc)
 {
-	struct relay_filter f = { keep_cl, rc.rid ? rc.rid_name : NULL };
+	struct relay_filter f = { keep_cl, rc.rid ? rc.rid_name : NULL,
+				  rc.rid ? strlen(rc.rid_name) : 0 };
 	struct h1_out o;
 
 	h1_out_init(&o, out);

@@ -94,7 +94,7 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 	if (httphdr_drop_on_forward(h, i))
 		return false;
 	if (r->request_id != NULL &&
-	    n == strlen(r->cfg->request_id_header) &&
+	    n == r->cfg->request_id_len &&
 	    strncasecmp(name, r->cfg->request_id_header, n) == 0)
 		return false;	/* written below, the same when well-formed */
 	if (r->traceparent != NULL && n == 11 &&

@@ -51,8 +51,8 @@ static void make_id(char *out)
 void reqlog_begin(struct reqlog *rl)
 {
 	memset(rl, 0, offsetof(struct reqlog, request_id));
-	make_id(rl->request_id);	/* the client's replaces it (reqlog_head) */
-	rl->original_id[0] = rl->scope[0] = '\0';
+	/* the client's, or made in reqlog_head (reqlog_need_id before) */
+	rl->request_id[0] = rl->original_id[0] = rl->scope[0] = '\0';
 	rl->traced = rl->sampled = false;
 	rl->parent.valid = false;
 	rl->unknown_us = 0;
@@ -89,7 +89,7 @@ void reqlog_head(struct reqlog *rl, const struct config *cfg,
 		 const struct hdrlist *fields)
 {
 	const char *rid_name = cfg->request_id_header;
-	size_t rid_len = strlen(rid_name);
+	size_t rid_len = cfg->request_id_len;
 	int rid = -1, tp = -1, nrid = 0, ntp = 0;
 
 	/* one pass: a request's head is read once more here, not per field */
@@ -113,6 +113,8 @@ void reqlog_head(struct reqlog *rl, const struct config *cfg,
 		memcpy(rl->request_id, hdr_value(fields, (uint32_t)rid),
 		       fields->v[rid].value_len);
 		rl->request_id[fields->v[rid].value_len] = '\0';
+	} else {
+		make_id(rl->request_id);
 	}
 	/* W3C §3.2.2: several traceparent fields: none is to be trusted */
 	if (ntp == 1)
@@ -133,6 +135,12 @@ void reqlog_head(struct reqlog *rl, const struct config *cfg,
 	rl->sampled = otel_sample(&cfg->otel, &rl->parent, rl->trace_id);
 	otel_format_traceparent(rl->trace_id, rl->up_span_id, rl->sampled,
 				rl->traceparent);
+}
+
+void reqlog_need_id(struct reqlog *rl)
+{
+	if (rl->active && rl->request_id[0] == '\0')
+		make_id(rl->request_id);
 }
 
 void reqlog_phase_begin(struct reqlog *rl, enum reqlog_phase ph)
@@ -466,6 +474,7 @@ void reqlog_finish(struct reqlog *rl, const struct reqlog_end *e)
 
 	if (!rl->active)
 		return;
+	reqlog_need_id(rl);
 	rl->active = false;
 	if (!spans && !alog_enabled())
 		return;

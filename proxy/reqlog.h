@@ -71,6 +71,10 @@ void reqlog_begin(struct reqlog *rl);
 void reqlog_head(struct reqlog *rl, const struct config *cfg,
 		 const struct hdrlist *fields);
 
+/* A request answered before its head was in (400, 408, 431) has its id
+ * made here: call it before anything shows the id. */
+void reqlog_need_id(struct reqlog *rl);
+
 /* A phase begins (the first time only) or ends (the last time counts). */
 void reqlog_phase_begin(struct reqlog *rl, enum reqlog_phase ph);
 void reqlog_phase_end(struct reqlog *rl, enum reqlog_phase ph);
