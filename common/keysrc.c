@@ -11,8 +11,9 @@
 
 #include "hex.h"
 
-int keysrc_finish(const char *prefix, const char *value, size_t len,
-		  char out[IDEMKEY_MAX + 1])
+/* prefix + value into out; lowest: the least byte a key may hold. */
+static int join(const char *prefix, const char *value, size_t len,
+		unsigned char lowest, char out[IDEMKEY_MAX + 1])
 {
 	size_t plen = strlen(prefix);
 
@@ -21,12 +22,24 @@ int keysrc_finish(const char *prefix, const char *value, size_t len,
 	if (plen + len > IDEMKEY_MAX)
 		return KEYSRC_INVALID;
 	for (size_t i = 0; i < len; i++)
-		if ((unsigned char)value[i] < 0x21 || (unsigned char)value[i] > 0x7e)
+		if ((unsigned char)value[i] < lowest || (unsigned char)value[i] > 0x7e)
 			return KEYSRC_INVALID;
 	memcpy(out, prefix, plen);
 	memcpy(out + plen, value, len);
 	out[plen + len] = '\0';
 	return (int)(plen + len);
+}
+
+int keysrc_finish(const char *prefix, const char *value, size_t len,
+		  char out[IDEMKEY_MAX + 1])
+{
+	return join(prefix, value, len, 0x21, out);
+}
+
+int keysrc_finish_quoted(const char *prefix, const char *value, size_t len,
+			 char out[IDEMKEY_MAX + 1])
+{
+	return join(prefix, value, len, 0x20, out);
 }
 
 int keysrc_url_decode(const char *s, size_t len, char *buf, size_t cap)

@@ -36,8 +36,15 @@ int keysrc_json(const char *body, size_t len, const char *pointer,
  * more than cap bytes would come out (never with cap >= len). */
 int keysrc_url_decode(const char *s, size_t len, char *buf, size_t cap);
 
-/* prefix + value, checked as a key. For header and auto keys too. */
+/* prefix + value, checked as a key: 1-255 visible ASCII characters. For
+ * auto keys too. */
 int keysrc_finish(const char *prefix, const char *value, size_t len,
 		  char out[IDEMKEY_MAX + 1]);
+
+/* The same for a key that may hold spaces: a header's sf-string
+ * (idemkey.h), and a key an operator names (GET /keys/{key}): 1-255
+ * printable ASCII characters (0x20-0x7E). */
+int keysrc_finish_quoted(const char *prefix, const char *value, size_t len,
+			 char out[IDEMKEY_MAX + 1]);
 
 #endif

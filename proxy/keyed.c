@@ -78,16 +78,27 @@ static enum keyed_verdict header_key(const struct keyed_head *h,
 	const struct policy *p = h->policy;
 	const struct hdrlist *f = h->fields;
 	char raw[IDEMKEY_MAX + 1];
+	const char *why = NULL;
 	int i = hdrlist_find(f, p->key_name, 0);
 
 	if (i < 0)
 		return key_unusable(p, true, a);	/* drop-in: legacy clients */
-	if (hdrlist_find(f, p->key_name, (uint32_t)i + 1) >= 0 ||
-	    idemkey_parse(hdr_value(f, (uint32_t)i), f->v[i].value_len, raw) < 0 ||
-	    keysrc_finish(p->key_prefix, raw, strlen(raw), k->key) < 0)
+	if (hdrlist_find(f, p->key_name, (uint32_t)i + 1) >= 0)
+		why = "send the key in one field";
+	else if (idemkey_parse(hdr_value(f, (uint32_t)i), f->v[i].value_len,
+			       raw, &why) >= 0 &&
+		 keysrc_finish_quoted(p->key_prefix, raw, strlen(raw), k->key) < 0)
+		why = "the key is longer than 255 characters with the route's "
+		      "key_prefix";
+	if (why != NULL) {
+		char detail[sizeof(a->detail)];
+
+		snprintf(detail, sizeof(detail), "%s (a key is an RFC 8941 "
+			 "sf-string, \"...\" with optional ;parameters, or 1-255 "
+			 "visible ASCII characters)", why);
 		return answer(a, PROBLEM_INVALID_KEY, OUTCOME_INVALID_KEY, false,
-			      "the key must be one header of 1-255 visible ASCII "
-			      "characters, optionally as a quoted string");
+			      detail);
+	}
 	return KEYED_BUFFER;
 }
 

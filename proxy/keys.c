@@ -60,8 +60,8 @@ int keys_address(const struct config *cfg, const struct keys_query *q,
 			return -1;
 		}
 	}
-	if (keysrc_finish(prefix, q->key, strlen(q->key), k->key) < 0) {
-		snprintf(err, errlen, "not a valid key: 1 to %d visible ASCII "
+	if (keysrc_finish_quoted(prefix, q->key, strlen(q->key), k->key) < 0) {
+		snprintf(err, errlen, "not a valid key: 1 to %d printable ASCII "
 			 "characters, with the route's prefix", IDEMKEY_MAX);
 		return -1;
 	}

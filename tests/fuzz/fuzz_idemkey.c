@@ -4,10 +4,12 @@
  * accepted (the route's key_prefix, the issue time of an issued key).
  *
  * Input: the header value, as llhttp would hand it over (any bytes).
- * Invariants: an accepted key is 1-255 visible ASCII characters; it reads
- * back the same when written as an sf-string (and bare, unless it starts
- * with a quote); acceptance agrees with the grammar of idemkey.h written
- * out independently below.
+ * Invariants: an accepted key is 1-255 printable ASCII characters (visible
+ * ones when bare); it reads back the same when written as an sf-string
+ * (and bare, unless it starts with a quote or holds a space); acceptance
+ * agrees with the grammar of idemkey.h written out independently below
+ * (for a quoted key with parameters, only the key is compared: the
+ * parameters' grammar is the unit test's); a refusal always says why.
  */
 #include <stdbool.h>
 #include <string.h>
@@ -17,7 +19,9 @@
 #include "issue.h"
 #include "keysrc.h"
 
-/* idemkey.h's grammar, written from the header's comment, not the code. */
+/* idemkey.h's grammar, written from the header's comment, not the code:
+ * the key's length, -1 refused, or -2 (with out set) when parameters
+ * follow a quoted key. */
 static int reference(const char *v, size_t len, char *out)
 {
 	size_t n = 0;
@@ -47,8 +51,14 @@ static int reference(const char *v, size_t len, char *out)
 		if (i >= len)
 			return -1;		/* no closing quote */
 		c = (unsigned char)v[i];
-		if (c == '"')
-			return i == len - 1 && n > 0 ? (out[n] = '\0', (int)n) : -1;
+		if (c == '"') {
+			if (n == 0)
+				return -1;
+			out[n] = '\0';
+			if (i == len - 1)
+				return (int)n;
+			return v[i + 1] == ';' ? -2 : -1;
+		}
 		if (c == '\\') {
 			if (++i >= len)
 				return -1;
@@ -56,7 +66,7 @@ static int reference(const char *v, size_t len, char *out)
 			if (c != '"' && c != '\\')
 				return -1;
 		}
-		if (c < 0x21 || c > 0x7e || n == IDEMKEY_MAX)
+		if (c < 0x20 || c > 0x7e || n == IDEMKEY_MAX)
 			return -1;
 		out[n++] = (char)c;
 	}
@@ -87,27 +97,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const char *v = (const char *)data;
 	char key[IDEMKEY_MAX + 1], again[IDEMKEY_MAX + 1], ref[IDEMKEY_MAX + 2];
 	char quoted[2 * IDEMKEY_MAX + 3], prefixed[IDEMKEY_MAX + 1];
-	int n = idemkey_parse(v, size, key), r = reference(v, size, ref);
+	const char *why = NULL;
+	int n = idemkey_parse(v, size, key, &why), r = reference(v, size, ref);
 	size_t q;
 
-	FUZZ_REQUIRE((n < 0) == (r < 0));
+	FUZZ_REQUIRE(n >= 0 || (why != NULL && why[0] != '\0'));
+	if (r != -2)
+		FUZZ_REQUIRE((n < 0) == (r < 0));
 	if (n < 0)
 		return 0;
+	if (r == -2)
+		r = (int)strlen(ref);	/* the key before the parameters */
 	FUZZ_REQUIRE(n == r && memcmp(key, ref, (size_t)n + 1) == 0);
 	FUZZ_REQUIRE(n >= 1 && n <= IDEMKEY_MAX && strlen(key) == (size_t)n);
 	for (int i = 0; i < n; i++)
-		FUZZ_REQUIRE(key[i] >= 0x21 && key[i] <= 0x7e);
+		FUZZ_REQUIRE(key[i] >= 0x20 && key[i] <= 0x7e);
 
 	/* "abc" and abc are the same key */
 	q = quote(key, quoted);
-	FUZZ_REQUIRE(idemkey_parse(quoted, q, again) == n &&
+	FUZZ_REQUIRE(idemkey_parse(quoted, q, again, NULL) == n &&
 		     strcmp(again, key) == 0);
-	if (key[0] != '"')
-		FUZZ_REQUIRE(idemkey_parse(key, (size_t)n, again) == n &&
+	if (key[0] != '"' && strchr(key, ' ') == NULL)
+		FUZZ_REQUIRE(idemkey_parse(key, (size_t)n, again, NULL) == n &&
 			     strcmp(again, key) == 0);
 
 	/* a route's key_prefix: the whole key is still at most 255 */
-	r = keysrc_finish("pay:", key, (size_t)n, prefixed);
+	r = keysrc_finish_quoted("pay:", key, (size_t)n, prefixed);
 	FUZZ_REQUIRE(n + 4 > IDEMKEY_MAX ? r == KEYSRC_INVALID :
 		     r == n + 4 && strncmp(prefixed, "pay:", 4) == 0 &&
 		     strcmp(prefixed + 4, key) == 0);
