@@ -3,8 +3,10 @@
  * reqlog.h, docs/operations.md "Logs and traces").
  *
  * Spans are made only for a sampled request of a process whose exporter
- * runs; the access line only when the access log is on. Neither costs a
- * request anything otherwise but the clock readings of its phases.
+ * runs; the access line only when the access log is on. Otherwise a
+ * request pays for its request id (made unless the client sent one), one
+ * pass over its fields and the clock readings of its phases
+ * (docs/benchmarks.md "The access log and request ids").
  */
 #include "reqlog.h"
 
@@ -71,7 +73,8 @@ bool reqlog_id_ok(const char *v, size_t len)
 		char ch = v[i];
 
 		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-		      (ch >= '0' && ch <= '9') || strchr("-_.:+/=@", ch) != NULL))
+		      (ch >= '0' && ch <= '9') ||
+		      (ch != '\0' && strchr("-_.:+/=@", ch) != NULL)))
 			return false;
 	}
 	return true;
@@ -145,14 +148,28 @@ void reqlog_need_id(struct reqlog *rl)
 
 void reqlog_phase_begin(struct reqlog *rl, enum reqlog_phase ph)
 {
-	if (rl != NULL && rl->phase[ph][0] == 0)
-		rl->phase[ph][0] = clock_us();
+	struct reqlog_time *t;
+
+	if (rl == NULL)
+		return;
+	t = &rl->phase[ph];
+	t->open = clock_us();
+	if (t->first == 0)
+		t->first = t->open;
 }
 
 void reqlog_phase_end(struct reqlog *rl, enum reqlog_phase ph)
 {
-	if (rl != NULL && rl->phase[ph][0] != 0)
-		rl->phase[ph][1] = clock_us();
+	struct reqlog_time *t;
+
+	if (rl == NULL || rl->phase[ph].open == 0)
+		return;
+	t = &rl->phase[ph];
+	t->last = clock_us();
+	if (t->first_end == 0)
+		t->first_end = t->last;
+	t->total += t->last - t->open;
+	t->open = 0;
 }
 
 void reqlog_unknown(struct reqlog *rl, enum unknown_cause cause)
@@ -177,9 +194,9 @@ static bool trace_known(const struct reqlog *rl)
 
 static int64_t phase_us(const struct reqlog *rl, enum reqlog_phase ph)
 {
-	if (rl->phase[ph][0] == 0 || rl->phase[ph][1] < rl->phase[ph][0])
-		return ALOG_NONE;
-	return (int64_t)(rl->phase[ph][1] - rl->phase[ph][0]);
+	if (rl->phase[ph].last == 0)
+		return ALOG_NONE;	/* never began, or never ended */
+	return (int64_t)rl->phase[ph].total;
 }
 
 /* Field i's value (NUL-terminated in the arena); NULL when absent. */
@@ -309,15 +326,18 @@ static uint64_t span_ns(const struct reqlog *rl, uint64_t mono_us)
 static bool phase_span(const struct reqlog *rl, enum reqlog_phase ph,
 		       const char *name, struct otel_span *sp)
 {
-	if (rl->phase[ph][0] == 0 || rl->phase[ph][1] < rl->phase[ph][0])
+	const struct reqlog_time *t = &rl->phase[ph];
+
+	if (t->first == 0)
 		return false;
 	memset(sp, 0, sizeof(*sp));
 	otel_new_span_id(sp->span_id);
 	memcpy(sp->parent_id, rl->span_id, OTEL_SPAN_ID_LEN);
 	sp->name = name;
 	sp->kind = OTEL_KIND_INTERNAL;
-	sp->start_ns = span_ns(rl, rl->phase[ph][0]);
-	sp->end_ns = span_ns(rl, rl->phase[ph][1]);
+	/* one still under way (an exchange the client left) ends now */
+	sp->start_ns = span_ns(rl, t->first);
+	sp->end_ns = span_ns(rl, t->first_end != 0 ? t->first_end : clock_us());
 	sp->sampled = true;
 	return true;
 }
@@ -426,8 +446,6 @@ static void export_spans(const struct reqlog *rl, const struct reqlog_end *e,
 
 		memcpy(up->span_id, rl->up_span_id, OTEL_SPAN_ID_LEN);
 		up->kind = OTEL_KIND_CLIENT;
-		if (rl->phase[REQLOG_UPSTREAM][1] == 0)
-			up->end_ns = span_ns(rl, now);
 		snprintf(url, sizeof(url), "%s://%s%s%s",
 			 e->cfg->upstream_tls ? "https" : "http",
 			 e->cfg->upstream_addr, e->cfg->upstream_prefix,

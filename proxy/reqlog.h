@@ -36,7 +36,13 @@ struct reqlog {
 	bool active;			/* a request began (its first byte) */
 	int64_t wall_us;		/* CLOCK_REALTIME at the first byte */
 	uint64_t start_us;		/* CLOCK_MONOTONIC at the first byte */
-	uint64_t phase[REQLOG_PHASES][2];	/* monotonic begin, end; 0: not */
+	struct reqlog_time {		/* monotonic µs; 0: not (yet) */
+		uint64_t first, first_end;	/* the first time: the span */
+		uint64_t last;		/* the last end */
+		uint64_t open;		/* the begin of the one under way */
+		uint64_t total;		/* every begin-to-end, added up: the
+					 * access log's duration */
+	} phase[REQLOG_PHASES];
 	uint64_t bytes_in;		/* through the parser */
 	uint64_t bytes_out;		/* queued for the client */
 	int status;			/* the response's; 0: none */
@@ -75,7 +81,9 @@ void reqlog_head(struct reqlog *rl, const struct config *cfg,
  * made here: call it before anything shows the id. */
 void reqlog_need_id(struct reqlog *rl);
 
-/* A phase begins (the first time only) or ends (the last time counts). */
+/* A phase begins or ends. It may happen more than once (a duplicate
+ * claims again after its wait): the log adds the times up, the span is
+ * the first (the claim that found the key in flight, before the wait). */
 void reqlog_phase_begin(struct reqlog *rl, enum reqlog_phase ph);
 void reqlog_phase_end(struct reqlog *rl, enum reqlog_phase ph);
 
