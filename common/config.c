@@ -34,6 +34,7 @@
 
 #include "config.h"
 #include "hostport.h"
+#include "httphdr.h"
 #include "inifile.h"
 #include "log.h"
 #include "setting.h"
@@ -997,10 +998,45 @@ static int settle(const struct build *b, struct config *c, char *err,
 	return 0;
 }
 
+/*
+ * A field the request id cannot be: one that frames or routes a message,
+ * that the proxy writes itself, or that an upstream's response needs kept
+ * (the request id's field is replaced on both sides). The key's header may
+ * be it (an API whose key is its request id): then the client's field goes
+ * upstream untouched (reqlog_upstream_id).
+ */
+static bool reserved_field(const char *name)
+{
+	static const char *const reserved[] = {
+		"content-length", "content-type", "content-encoding", "host",
+		"expect", "forwarded", "x-forwarded-for", "x-forwarded-proto",
+		"x-forwarded-host", "traceparent", "tracestate", "cookie",
+		"set-cookie", "authorization", "location", "date",
+		"retry-after", "www-authenticate", "idempotent-replayed",
+		"idempotent-original-request-id", "x-client-cert-subject",
+		"x-client-cert-san",
+	};
+
+	if (httphdr_is_hop_by_hop(name, strlen(name)))
+		return true;
+	for (size_t i = 0; i < sizeof(reserved) / sizeof(reserved[0]); i++)
+		if (strcasecmp(name, reserved[i]) == 0)
+			return true;
+	return false;
+}
+
 /* What no single option can check. */
 static int cross_check(const struct config *c, char *err, size_t errlen)
 {
 	char a[32], u[32];
+
+	if (reserved_field(c->request_id_header)) {
+		snprintf(err, errlen, "--request-id-header: %s is a field the "
+			 "proxy frames, routes or writes itself: name another, "
+			 "such as X-Request-Id",
+			 c->request_id_header);
+		return -1;
+	}
 
 	if (c->upstream == NULL) {
 		snprintf(err, errlen, "--upstream is required (or "
@@ -1056,35 +1092,49 @@ static int cross_check(const struct config *c, char *err, size_t errlen)
 
 /* What is made of settings once all are known: the trusted proxies'
  * ranges, the trace exporter's settings with the OTEL_* variables. */
-static int derive(const struct build *b, struct config *c, char **envp,
-		  char *err, size_t errlen)
+/* What is made of settings that need a restart: the upstream's address
+ * as the access log names it, the trace exporter's settings with the
+ * OTEL_* variables. Made again by config_reload() once it has put the
+ * running values back. */
+static int derive_restart(struct config *c, char **envp, char *err,
+			  size_t errlen)
 {
-	size_t dis = (size_t)opt_index(opt_by_flag("otel-sdk-disabled", 17));
 	const char *opts[OTEL_OPT_COUNT];
-	char why[256];
+	bool v6 = strchr(c->upstream_hp.host, ':') != NULL;
 	size_t i;
 
-	bool v6 = strchr(c->upstream_hp.host, ':') != NULL;
-
-	c->request_id_len = strlen(c->request_id_header);
+	free(c->upstream_addr);
 	if (asprintf(&c->upstream_addr, v6 ? "[%s]:%s" : "%s:%s",
 		     c->upstream_hp.host, c->upstream_hp.port) < 0) {
 		c->upstream_addr = NULL;
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
+	for (i = 0; i < OTEL_OPT_COUNT; i++)
+		opts[i] = c->otel_opt[i];
+	opts[OTEL_OPT_DISABLED] = c->otel_disabled_opt;
+	otel_settings_free(&c->otel);
+	return otel_settings_resolve(&c->otel, opts, envp, &c->otel_warning,
+				     err, errlen);
+}
+
+/* What is made of settings once all are known. */
+static int derive(const struct build *b, struct config *c, char **envp,
+		  char *err, size_t errlen)
+{
+	size_t dis = (size_t)opt_index(opt_by_flag("otel-sdk-disabled", 17));
+	char why[256];
+
+	c->request_id_len = strlen(c->request_id_header);
 	if (c->trusted_proxies != NULL &&
 	    cidr_parse(c->trusted_proxies, &c->trusted, why, sizeof(why)) < 0) {
 		snprintf(err, errlen, "--trusted-proxies: %s", why);
 		return -1;
 	}
-	for (i = 0; i < OTEL_OPT_COUNT; i++)
-		opts[i] = c->otel_opt[i];
 	/* given (either way) it wins over OTEL_SDK_DISABLED; else that decides */
 	if (b->rank[dis] != SRC_NONE)
-		opts[OTEL_OPT_DISABLED] = c->otel_disabled ? "true" : "false";
-	return otel_settings_resolve(&c->otel, opts, envp, &c->otel_warning,
-				     err, errlen);
+		c->otel_disabled_opt = c->otel_disabled ? "true" : "false";
+	return derive_restart(c, envp, err, errlen);
 }
 
 /* The whole pipeline of the comment at the top; config_parse and reload. */
@@ -1191,6 +1241,12 @@ struct config *config_reload(const struct config *running, char *err,
 			config_free(c);
 			return NULL;
 		}
+	}
+	/* and what the running values made: the exporter runs with them */
+	c->otel_disabled_opt = running->otel_disabled_opt;
+	if (derive_restart(c, c->env, err, errlen) < 0) {
+		config_free(c);
+		return NULL;
 	}
 	return c;
 }

@@ -118,6 +118,8 @@ struct config {
 					 * access log names it */
 	char *otel_opt[OTEL_OPT_COUNT];	/* --otel-*, as given (NULL: unset) */
 	bool otel_disabled;		/* --otel-sdk-disabled */
+	const char *otel_disabled_opt;	/* ... as otel_settings_resolve takes it:
+					 * "true", "false", NULL (not given) */
 	struct otel_settings otel;	/* resolved with the OTEL_* variables */
 	const char *otel_warning;	/* for main to log once; NULL */
 

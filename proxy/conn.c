@@ -221,6 +221,7 @@ static bool write_problem(struct conn *c, enum problem p, const char *detail,
 	c->rl.status = problem_status(p);
 	reqlog_need_id(&c->rl);
 	reply_problem(bufferevent_get_output(c->bev), p, detail, conn_reply_conn(c));
+	reqlog_responded(&c->rl);
 	log_debug("conn %s: %d %s", c->peer, problem_status(p), problem_slug(p));
 	cf_set(c, CF(RESP_STARTED));
 	conn_set_state(c, CONN_ST_RESPOND);
@@ -823,6 +824,7 @@ static bool conn_client_body(struct conn *c, struct evbuffer *src, size_t len)
 
 static void conn_client_done(struct conn *c)
 {
+	reqlog_responded(&c->rl);
 	if (cf_has(c, CF(RESP_CHUNKED)))
 		h1_last_chunk(bufferevent_get_output(c->bev));
 }

@@ -52,8 +52,7 @@ static void sink_replay(void *client, struct stored_response *r)
 	engine_let_go(c);
 	c->outcome = OUTCOME_REPLAYED;
 	c->rl.status = r->status;
-	if (!reply_stored_id(r, c->cfg->request_id_header, c->rl.original_id,
-			     sizeof(c->rl.original_id)))
+	if (!reply_stored_id(r, c->rl.original_id, sizeof(c->rl.original_id)))
 		c->rl.original_id[0] = '\0';
 	if (!cf_has(c, CF(KEEP_ALIVE)) || c->draining)
 		cf_set(c, CF(CLOSE_AFTER));
@@ -206,7 +205,7 @@ static struct keyed_head keyed_head(const struct conn *c)
 		.body = c->req_body, .length = c->req_length, .peer = c->peer,
 		.tls = c->ssl != NULL,
 		.tls_subject = c->tls_subject, .tls_san = c->tls_san,
-		.request_id = c->rl.request_id,
+		.request_id = reqlog_upstream_id(&c->rl, c->cfg, c->policy),
 		.traceparent = reqlog_traceparent(&c->rl),
 	};
 

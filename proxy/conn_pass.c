@@ -47,7 +47,7 @@ static int start_exchange(struct conn *c, bool fresh)
 		.tls = c->ssl != NULL, .cfg = c->cfg,
 		.body = c->req_body, .length = c->req_length,
 		.client_subject = c->tls_subject, .client_san = c->tls_san,
-		.request_id = c->rl.request_id,
+		.request_id = reqlog_upstream_id(&c->rl, c->cfg, c->policy),
 		.traceparent = reqlog_traceparent(&c->rl),
 	};
 

@@ -60,6 +60,7 @@
 #include "issue.h"
 #include "log.h"
 #include "probe.h"
+#include "reply.h"
 #include "reqlog.h"
 
 /*
@@ -423,10 +424,13 @@ static bool stored_field(const struct hdrlist *h, uint32_t i, void *arg)
 		return true;
 	if (httphdr_drop_on_forward(h, i))
 		return false;
-	if (h->v[i].name_len == ix->req.cfg->request_id_len &&
-	    strncasecmp(hdr_name(h, i), ix->req.cfg->request_id_header,
-			h->v[i].name_len) == 0)
-		return false;	/* the request's own id is stored instead */
+	if ((h->v[i].name_len == ix->req.cfg->request_id_len &&
+	     strncasecmp(hdr_name(h, i), ix->req.cfg->request_id_header,
+			 h->v[i].name_len) == 0) ||
+	    (h->v[i].name_len == sizeof(REPLY_ORIGINAL_ID) - 1 &&
+	     strncasecmp(hdr_name(h, i), REPLY_ORIGINAL_ID,
+			 sizeof(REPLY_ORIGINAL_ID) - 1) == 0))
+		return false;	/* ours: the request's own id is stored */
 	return policy_scoped(ix->req.policy) || h->v[i].name_len != 10 ||
 	       strcasecmp(hdr_name(h, i), "set-cookie") != 0;
 }
@@ -441,8 +445,9 @@ static void capture_head(struct idem *ix, const struct upstream_resp *r)
 	h1_out_init(&o, ix->cap_head);
 	h1_write_fields(&o, r->headers, stored_field, ix);
 	if (ix->rid[0] != '\0') {
-		h1_out_str(&o, ix->req.cfg->request_id_header);
-		h1_out_add(&o, ": ", 2);
+		/* under a name of ours: a replay says it as it is stored, and
+		 * a record made before request ids has none */
+		h1_out_add(&o, REPLY_ORIGINAL_ID ": ", sizeof(REPLY_ORIGINAL_ID) + 1);
 		h1_out_str(&o, ix->rid);
 		h1_out_add(&o, "\r\n", 2);
 	}
@@ -641,6 +646,12 @@ static bool up_slow(void *arg)
 		 "and the exchange goes on for up to %.0f s more",
 		 ix->req.claim.key.key, (double)spent / 1e3,
 		 (double)(limit - spent) / 1e3);
+	if (ix->rl != NULL) {
+		/* the client's part of the exchange ends with its 504; the
+		 * exchange goes on, the client's record does not */
+		reqlog_phase_end(ix->rl, REQLOG_UPSTREAM);
+		ix->rl->upstream_error = "late";
+	}
 	if (ix->client != NULL) {
 		ix->sink->failed(ix->client, PROBLEM_UPSTREAM_TIMEOUT,
 				 "the upstream has not answered yet; the request "
@@ -924,7 +935,10 @@ static void settle(struct idem *ix)
 			 unknown_cause_name(ix->cause),
 			 ix->req.policy->probe_target != NULL ?
 			 "; asking the outcome probe" : "");
-		ix->outcome = stored_response_unknown(unknown_detail(ix->cause));
+		/* the document the client had, its request id included: a
+		 * replay is the answer the first request got */
+		ix->outcome = stored_response_unknown(unknown_detail(ix->cause),
+						      ix->rid[0] ? ix->rid : NULL);
 		break;
 	}
 	/* the captured copies are no longer needed */
@@ -1469,6 +1483,10 @@ static void deadline_cb(evutil_socket_t fd, short what, void *arg)
 	if_set(ix, IF(FAILED) | IF(SENT));
 	ix->error = UPSTREAM_ERROR_TIMEOUT;
 	ix->cause = UNKNOWN_CAUSE_DEADLINE;
+	if (ix->rl != NULL) {
+		reqlog_phase_end(ix->rl, REQLOG_UPSTREAM);
+		ix->rl->upstream_error = "deadline";
+	}
 	evtimer_del(ix->timer);
 	if (ix->client != NULL) {
 		p = failure_problem(ix, &detail);

@@ -252,6 +252,17 @@ static bool pause_until(uint64_t at, uint64_t limit)
 	return go;
 }
 
+/* Is the exporter stopping (otel_export_stop called)? */
+static bool stopping(void)
+{
+	bool st;
+
+	pthread_mutex_lock(&ex.mu);
+	st = ex.state == EX_STOPPING;
+	pthread_mutex_unlock(&ex.mu);
+	return st;
+}
+
 /* ---- the connection ------------------------------------------------------ */
 
 static void link_close(struct link *l)
@@ -726,6 +737,7 @@ static void export_batch(struct link *l, struct batch *b, bool *failing)
 	size_t len = 0;
 	char *body = batch_body(b, &len);
 	char why[256];
+	bool tried_in_stop = false;
 
 	while (body != NULL) {
 		uint64_t now = clock_ms(), deadline = bounded(now + ex.s.timeout_ms),
@@ -746,6 +758,14 @@ static void export_batch(struct link *l, struct batch *b, bool *failing)
 			break;
 		wait = retry_after_s ? retry_after_s * 1000 : backoff;
 		backoff = backoff * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : backoff * 2;
+		/* stopping cuts a back-off short once, not every time: a
+		 * collector that keeps saying Retry-After must not be hammered
+		 * for the rest of the flush bound */
+		if (stopping()) {
+			if (tried_in_stop)
+				break;
+			tried_in_stop = true;
+		}
 		if (!pause_until(clock_ms() + wait, born + OTEL_EXPORT_RETRY_MS))
 			break;
 	}

@@ -146,13 +146,12 @@ static bool stored_line(const struct stored_response *r, const char *name,
 	return false;
 }
 
-bool reply_stored_id(const struct stored_response *r, const char *rid_name,
-		     char *out, size_t len)
+bool reply_stored_id(const struct stored_response *r, char *out, size_t len)
 {
 	size_t at, ll, vlen;
 	const char *v;
 
-	if (!stored_line(r, rid_name, &at, &ll, &v, &vlen) || vlen == 0 ||
+	if (!stored_line(r, REPLY_ORIGINAL_ID, &at, &ll, &v, &vlen) || vlen == 0 ||
 	    vlen >= len)
 		return false;
 	memcpy(out, v, vlen);
@@ -169,13 +168,12 @@ void reply_replay(struct evbuffer *out, struct stored_response *r, bool head,
 
 	h1_out_init(&o, out);
 	h1_status_line(&o, r->status);
+	/* the stored head names the executing request's id as the original's
+	 * already; a field of this request's id's name (a record stored
+	 * before request ids kept the upstream's) gives way to ours */
 	if (rc.rid != NULL && stored_line(r, rc.rid_name, &at, &ll, &v, &vlen)) {
-		/* the executing request's id is named as the original's */
 		h1_out_add(&o, r->head, at);
 		h1_out_add(&o, r->head + at + ll, r->head_len - at - ll);
-		h1_out_add(&o, REPLY_ORIGINAL_ID ": ", sizeof(REPLY_ORIGINAL_ID) + 1);
-		h1_out_add(&o, v, vlen);
-		h1_out_add(&o, "\r\n", 2);
 	} else {
 		h1_out_add(&o, r->head, r->head_len);
 	}

@@ -42,16 +42,16 @@ void reply_relay_head(struct evbuffer *out, const struct upstream_resp *r,
 		      bool keep_cl, bool chunked, struct reply_conn rc);
 
 /* A stored response, marked Idempotent-Replayed; the body is shared with
- * the store by reference (none for HEAD). The request id stored with it
- * (the request that executed) is written as REPLY_ORIGINAL_ID, and this
- * request's as rc.rid_name. */
+ * the store by reference (none for HEAD). The stored head names the
+ * request that executed as REPLY_ORIGINAL_ID (idem.c stores it so); this
+ * request's id is written as rc.rid_name, in place of a stored field of
+ * that name. */
 void reply_replay(struct evbuffer *out, struct stored_response *r, bool head,
 		  struct reply_conn rc);
 
-/* The request id a stored response keeps (the request that executed,
- * stored under rid_name) into out (len bytes); false when it has none. */
-bool reply_stored_id(const struct stored_response *r, const char *rid_name,
-		     char *out, size_t len);
+/* The request id a stored response keeps (the request that executed, its
+ * REPLY_ORIGINAL_ID field) into out (len bytes); false when it has none. */
+bool reply_stored_id(const struct stored_response *r, char *out, size_t len);
 
 /* 200 {"key":"..."} for GET /.well-known/idempotency-key. */
 void reply_issued_key(struct evbuffer *out, const char *key,

@@ -153,6 +153,8 @@ void reqlog_phase_begin(struct reqlog *rl, enum reqlog_phase ph)
 	if (rl == NULL)
 		return;
 	t = &rl->phase[ph];
+	if (t->open != 0)	/* begun again before it ended (a retry) */
+		t->total += clock_us() - t->open;
 	t->open = clock_us();
 	if (t->first == 0)
 		t->first = t->open;
@@ -172,12 +174,36 @@ void reqlog_phase_end(struct reqlog *rl, enum reqlog_phase ph)
 	t->open = 0;
 }
 
+void reqlog_responded(struct reqlog *rl)
+{
+	if (rl->active && rl->done_us == 0)
+		rl->done_us = clock_us();
+}
+
+/* When the request ended: its response queued, or now. */
+static uint64_t end_us(const struct reqlog *rl)
+{
+	return rl->done_us != 0 ? rl->done_us : clock_us();
+}
+
 void reqlog_unknown(struct reqlog *rl, enum unknown_cause cause)
 {
 	if (rl != NULL) {
 		rl->unknown_us = clock_us();
 		rl->unknown_cause = (int)cause;
 	}
+}
+
+const char *reqlog_upstream_id(const struct reqlog *rl,
+			       const struct config *cfg,
+			       const struct policy *p)
+{
+	const char *key = p == NULL ? cfg->key_header :
+			  p->key_source == KEY_SRC_HEADER ? p->key_name : NULL;
+
+	if (key != NULL && strcasecmp(key, cfg->request_id_header) == 0)
+		return NULL;
+	return rl->request_id;
 }
 
 const char *reqlog_traceparent(const struct reqlog *rl)
@@ -275,7 +301,7 @@ static void write_line(const struct reqlog *rl, const struct reqlog_end *e,
 		.status = rl->status,
 		.bytes_in = rl->bytes_in,
 		.bytes_out = rl->bytes_out,
-		.total_us = (int64_t)(clock_us() - rl->start_us),
+		.total_us = (int64_t)(end_us(rl) - rl->start_us),
 		.claim_us = phase_us(rl, REQLOG_CLAIM),
 		.wait_us = phase_us(rl, REQLOG_WAIT),
 		.upstream_us = phase_us(rl, REQLOG_UPSTREAM),
@@ -363,7 +389,8 @@ static void export_spans(const struct reqlog *rl, const struct reqlog_end *e,
 {
 	char status_s[16], url[600];
 	const char *host = field_value(e->fields, rl->host);
-	uint64_t now = clock_us();
+	uint64_t now = clock_us();	/* the server span covers its children,
+					 * the outcome's write included */
 	struct otel_attr attrs[] = {
 		{ "http.request.method", OTEL_ATTR_STRING, .s = e->method },
 		{ "url.path", OTEL_ATTR_STRING, .s = NULL },
@@ -411,9 +438,11 @@ static void export_spans(const struct reqlog *rl, const struct reqlog_end *e,
 		path[pl] = '\0';
 		attrs[1].s = path;
 	}
-	if (rl->status >= 500 || rl->status == 0) {
+	if (e->error != NULL) {
+		attrs[9].s = e->error;		/* cut short */
+	} else if (rl->status >= 500 || rl->status == 0) {
 		snprintf(status_s, sizeof(status_s), "%d", rl->status);
-		attrs[9].s = rl->status ? status_s : (e->error ? e->error : "aborted");
+		attrs[9].s = rl->status ? status_s : "aborted";
 	}
 	if (rl->unknown_us != 0)
 		events[nev++] = (struct otel_event){ "idempotency.unknown_outcome",

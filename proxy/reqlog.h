@@ -20,6 +20,7 @@
 #include "otel.h"
 
 struct config;
+struct policy;
 
 /* The longest request id taken from a client (longer: one is made). */
 #define REQLOG_ID_MAX 128
@@ -36,6 +37,8 @@ struct reqlog {
 	bool active;			/* a request began (its first byte) */
 	int64_t wall_us;		/* CLOCK_REALTIME at the first byte */
 	uint64_t start_us;		/* CLOCK_MONOTONIC at the first byte */
+	uint64_t done_us;		/* ... its response queued whole; 0:
+					 * not yet (the end of the line) */
 	struct reqlog_time {		/* monotonic µs; 0: not (yet) */
 		uint64_t first, first_end;	/* the first time: the span */
 		uint64_t last;		/* the last end */
@@ -87,8 +90,19 @@ void reqlog_need_id(struct reqlog *rl);
 void reqlog_phase_begin(struct reqlog *rl, enum reqlog_phase ph);
 void reqlog_phase_end(struct reqlog *rl, enum reqlog_phase ph);
 
+/* The response is queued whole: the request's duration ends here, also
+ * for a keyed one whose connection then waits for the outcome's write. */
+void reqlog_responded(struct reqlog *rl);
+
 /* The outcome became unknown (a span event). */
 void reqlog_unknown(struct reqlog *rl, enum unknown_cause cause);
+
+/* The request id for the upstream's field, in place of the client's; NULL
+ * when the client's field goes as it came: it is the key's header of the
+ * policy p (NULL: the global one), which goes upstream exactly as sent. */
+const char *reqlog_upstream_id(const struct reqlog *rl,
+			       const struct config *cfg,
+			       const struct policy *p);
 
 /* The traceparent for the upstream; NULL when the client's (if any) goes
  * through as it came (tracing off). */

@@ -47,7 +47,8 @@ struct stored_response *stored_response_new(int status, const char *head,
 	return r;
 }
 
-struct stored_response *stored_response_unknown(const char *detail)
+struct stored_response *stored_response_unknown(const char *detail,
+						const char *request_id)
 {
 	static const char head[] = "Content-Type: application/problem+json\r\n";
 	struct stored_response *r;
@@ -60,7 +61,8 @@ struct stored_response *stored_response_unknown(const char *detail)
 			 "stalled or cut off from the store) before it recorded "
 			 "the response; it may have executed. It is not sent "
 			 "again: resolve it through the key API";
-	len = problem_render(PROBLEM_OUTCOME_UNKNOWN, detail, body, sizeof(body));
+	len = problem_render_id(PROBLEM_OUTCOME_UNKNOWN, detail, request_id,
+				body, sizeof(body));
 	r = stored_response_new(problem_status(PROBLEM_OUTCOME_UNKNOWN), head,
 				sizeof(head) - 1, body, len, true);
 	if (r != NULL)

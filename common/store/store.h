@@ -70,8 +70,11 @@ struct stored_response *stored_response_new(int status, const char *head,
 struct stored_response *stored_response_ref(struct stored_response *r);
 /* The problem document an unknown outcome is replayed as (unknown set):
  * 502 outcome-unknown with detail, or the one for an owner that stopped
- * extending its lease when detail is NULL. NULL when out of memory. */
-struct stored_response *stored_response_unknown(const char *detail);
+ * extending its lease when detail is NULL; with the request id of the
+ * request that executed (the one its client had), or none (NULL). NULL
+ * when out of memory. */
+struct stored_response *stored_response_unknown(const char *detail,
+						const char *request_id);
 void stored_response_unref(struct stored_response *r);
 
 /* What a record is addressed by. */

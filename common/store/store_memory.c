@@ -430,7 +430,7 @@ static struct store_op *op_post(struct mem_op *o, enum store_status st)
 static int make_unknown(struct mem_store *m, struct mem_entry *e,
 			const struct store_claim *c, uint64_t now)
 {
-	struct stored_response *r = stored_response_unknown(NULL);
+	struct stored_response *r = stored_response_unknown(NULL, NULL);
 	size_t size;
 
 	if (r == NULL)

@@ -147,7 +147,7 @@ static void unknown_result(struct pg_op *o, const PGresult *r, bool lapsed)
 		if (o->res.resp != NULL)
 			o->res.resp->unknown = true;
 	} else {
-		o->res.resp = stored_response_unknown(NULL);
+		o->res.resp = stored_response_unknown(NULL, NULL);
 	}
 	get_text(r, 0, 7, owner, sizeof(owner));
 	if (o->cb == NULL && strcmp(owner, o->owner) == 0) {
@@ -286,7 +286,7 @@ static void inspect_result(struct pg_op *o, const PGresult *r)
 		bool stored = !PQgetisnull(r, 0, 11);
 
 		if (rec->unknown && !stored)
-			o->res.resp = stored_response_unknown(NULL);
+			o->res.resp = stored_response_unknown(NULL, NULL);
 		else
 			o->res.resp = stored_response_new(rec->status,
 				PQgetvalue(r, 0, 10), (size_t)PQgetlength(r, 0, 10),

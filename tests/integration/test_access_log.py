@@ -1066,3 +1066,10 @@ def test_access_log_start_errors(stub, tmp_path):
     assert "access" in res.stderr.decode(), res.stderr
     res = run_bad(up + ["--request-id-header", "Bad Header"])
     assert_start_error(res, "request-id-header")
+    # a field that frames, routes or is written by the proxy cannot carry
+    # the id: it is replaced on both sides
+    for name in ("Content-Length", "host", "Transfer-Encoding", "Connection",
+                 "Content-Type", "traceparent", "X-Forwarded-For",
+                 "Idempotent-Original-Request-Id"):
+        assert_start_error(run_bad(up + ["--request-id-header", name]),
+                           "request-id-header")

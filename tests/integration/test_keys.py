@@ -308,7 +308,10 @@ def test_bad_requests(keyed):
     assert r.status == 405 and r.getheader("Allow") == "GET, DELETE"
     r.read()
     conn.close()
-    assert admin(p, "GET", "a b")[0] == 400         # not a visible-ASCII key
+    assert admin(p, "GET", "a\x01b")[0] == 400      # not a printable key
+    assert admin(p, "GET", "a\tb")[0] == 400
+    # a key with a space is one (a quoted sf-string key, issue 46): absent
+    assert admin(p, "GET", "a b")[0] == 404
     assert admin(p, "GET", "x" * 300)[0] == 400
     assert admin(p, "GET", "a/b?c")[0] == 404       # any visible key is fine
 

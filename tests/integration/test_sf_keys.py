@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from support.http import assert_problem
+from support.http import assert_problem, upstream_echo
 from test_idempotency import executions, make_proxy, newkey, post, replayed  # noqa: F401
 from test_keys import admin
 
@@ -95,3 +95,17 @@ def test_a_key_with_spaces_is_found_and_logged(make_proxy, stub, tmp_path):
     p.stop()
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [x["key"] for x in lines] == [key]
+
+
+def test_a_key_header_that_is_the_request_id_goes_as_sent(make_proxy, stub):
+    """An API whose key is its request id (--key-header X-Request-Id): the
+    field goes upstream exactly as the client sent it, also when it is no
+    request id (a quoted key with a space), and is still the key."""
+    p = make_proxy("--key-header", "X-Request-Id")
+    key = '"' + newkey("rid") + ' two";v=1'
+    r1 = post(p.port, key, key_header="X-Request-Id")
+    assert r1.status == 200
+    echo = upstream_echo(r1)
+    assert echo["hdict"]["x-request-id"] == [key], echo["headers"]
+    assert replayed(post(p.port, key, key_header="X-Request-Id"))
+    assert executions(stub) == 1

@@ -28,6 +28,7 @@ ten schedule delays and checks the exporter's counters as well.
 import json
 import re
 import secrets
+import signal
 import subprocess
 import threading
 import time
@@ -626,6 +627,44 @@ def test_sdk_disabled(otlp_receiver, make_proxy, how):
     assert upstream_tp(r) == [], upstream_echo(r)["headers"]
     quiet_period()
     assert rx.requests == 0 and rx.spans() == []
+
+
+def test_sighup_does_not_start_or_stop_tracing(otlp_receiver, make_proxy,
+                                              tmp_path):
+    """The otel settings need a restart: an endpoint the config file gains
+    on SIGHUP is logged as such and changes nothing (the client's
+    traceparent still goes upstream as it came); one it loses keeps
+    tracing on."""
+    rx = otlp_receiver
+    ini = tmp_path / "p.ini"
+    ini.write_text("[idemproxy]\n")
+    p = make_proxy("--config", str(ini), env=otel_env(None))
+    ini.write_text(f"[idemproxy]\notel_traces_endpoint = {rx.url}\n")
+    p.signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "otel-traces-endpoint changed" not in p.log():
+        assert time.monotonic() < deadline, p.log()
+        time.sleep(0.05)
+    tp, _, _ = new_tp()
+    r = send(p.port, "/orders", newkey(), tp)
+    assert r.status == 200 and upstream_tp(r) == [tp], upstream_echo(r)["headers"]
+    quiet_period()
+    assert rx.requests == 0
+    assert metric(p, "idemproxy_trace_spans_dropped_total") == 0
+
+    ini2 = tmp_path / "q.ini"
+    ini2.write_text(f"[idemproxy]\notel_traces_endpoint = {rx.url}\n")
+    q = make_proxy("--config", str(ini2), env=otel_env(None))
+    ini2.write_text("[idemproxy]\notel_sdk_disabled = yes\n")
+    q.signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "otel-sdk-disabled changed" not in q.log():
+        assert time.monotonic() < deadline, q.log()
+        time.sleep(0.05)
+    tp, trace_id, _ = new_tp()
+    r = send(q.port, "/orders", newkey(), tp)
+    assert r.status == 200
+    server_span(rx, trace_id)		# still traced
 
 
 def test_no_endpoint_is_tracing_off(make_proxy, tmp_path):

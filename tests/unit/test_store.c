@@ -374,7 +374,7 @@ static void test_lease_unknown(void)
 	struct store_key k = mkkey("", "lu");
 	struct res r = { 0 }, in = { 0 };
 	struct stored_response *resp = resp_new(201, "late");
-	struct stored_response *unk = stored_response_unknown("reset");
+	struct stored_response *unk = stored_response_unknown("reset", NULL);
 	char old[STORE_HANDLE_MAX + 1];
 
 	is_int(do_claim(s, b, &c, &r, "lu: claim"), STORE_WON, "claim WON");
