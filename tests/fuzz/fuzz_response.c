@@ -71,7 +71,7 @@ static void on_head(void *arg, const struct upstream_resp *r)
 	struct exchange *x = arg;
 	bool interim = r->status < 200;
 	bool http10 = x->flags & F_HTTP10;
-	struct reply_conn rc;
+	struct reply_conn rc = { .close = false };	/* no request id */
 
 	FUZZ_REQUIRE(!x->resp_started);
 	/* three digits, or a protocol error (a status below 100 was taken as
