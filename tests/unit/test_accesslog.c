@@ -38,6 +38,7 @@
 #include "clock.h"
 #include "jsontext.h"
 #include "metrics.h"
+#include "json_strict.h"
 #include "tap.h"
 
 /* 2026-12-06T23:59:01.123456Z */
@@ -125,21 +126,9 @@ static const char **string_field(struct alog_entry *e, int i)
  * it is not one JSON document. */
 static struct json_object *parse_json(const char *text, size_t n)
 {
-	struct json_tokener *tok = json_tokener_new();
-	struct json_object *v;
+	struct json_object *v = json_strict(text, n);
 	struct jsontext jt;
 
-	if (tok == NULL)
-		abort();
-	json_tokener_set_flags(tok, JSON_TOKENER_STRICT |
-			       JSON_TOKENER_VALIDATE_UTF8);
-	v = json_tokener_parse_ex(tok, text, (int)n);
-	if (v != NULL && (json_tokener_get_error(tok) != json_tokener_success ||
-			  json_tokener_get_parse_end(tok) != n)) {
-		json_object_put(v);
-		v = NULL;
-	}
-	json_tokener_free(tok);
 	if (v != NULL) {
 		if (jsontext_scan(text, n, 4, &jt) < 0) {
 			json_object_put(v);

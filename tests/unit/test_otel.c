@@ -38,6 +38,7 @@
 #include "metrics.h"
 #include "otel.h"
 #include "otel_export.h"
+#include "json_strict.h"
 #include "tap.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -45,21 +46,7 @@
 /* text parsed strictly, UTF-8 validated; NULL unless it is one document */
 static struct json_object *parse(const char *text, size_t n)
 {
-	struct json_tokener *tok = json_tokener_new();
-	struct json_object *v;
-
-	if (tok == NULL)
-		abort();
-	json_tokener_set_flags(tok, JSON_TOKENER_STRICT |
-			       JSON_TOKENER_VALIDATE_UTF8);
-	v = json_tokener_parse_ex(tok, text, (int)n);
-	if (v != NULL && (json_tokener_get_error(tok) != json_tokener_success ||
-			  json_tokener_get_parse_end(tok) != n)) {
-		json_object_put(v);
-		v = NULL;
-	}
-	json_tokener_free(tok);
-	return v;
+	return json_strict(text, n);
 }
 
 /* a member by a dotted path ("status.code"); NULL when absent */

@@ -16,6 +16,7 @@
 #include <json-c/json.h>
 
 #include "problem.h"
+#include "json_strict.h"
 #include "tap.h"
 
 /* The error type a problem must have, decided from its status alone (and
@@ -41,22 +42,7 @@ static const char *want_error_type(enum problem p)
  * document. */
 static struct json_object *parse(const char *text)
 {
-	struct json_tokener *tok = json_tokener_new();
-	struct json_object *v;
-	size_t n = strlen(text);
-
-	if (tok == NULL)
-		abort();
-	json_tokener_set_flags(tok, JSON_TOKENER_STRICT |
-			       JSON_TOKENER_VALIDATE_UTF8);
-	v = json_tokener_parse_ex(tok, text, (int)n);
-	if (v != NULL && (json_tokener_get_error(tok) != json_tokener_success ||
-			  json_tokener_get_parse_end(tok) != n)) {
-		json_object_put(v);
-		v = NULL;
-	}
-	json_tokener_free(tok);
-	return v;
+	return json_strict(text, strlen(text));
 }
 
 /* The string member `name` of o, or NULL. */
