@@ -289,7 +289,7 @@ static void tls_why(const char *step, char *why, size_t len)
 	else
 		snprintf(buf, sizeof(buf), "%s", errno ? strerror(errno) :
 			 "connection closed");
-	snprintf(why, len, "TLS %s: %s", step, buf);
+	snprintf(why, len, "TLS %s: %.120s", step, buf);	/* cut, never split */
 	ERR_clear_error();
 }
 
