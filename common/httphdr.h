@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <strings.h>
 
 #include "compiler.h"
 
@@ -54,6 +55,14 @@ int hdrlist_add(struct hdrlist *h, const char *name, const char *value) MUSTCHEC
 static inline const char *hdr_name(const struct hdrlist *h, uint32_t i)
 {
 	return h->arena + h->v[i].name_off;
+}
+
+/* Is field i named `name` (len bytes, any case)? */
+static inline bool hdr_named(const struct hdrlist *h, uint32_t i,
+			     const char *name, size_t len)
+{
+	return h->v[i].name_len == len &&
+	       strncasecmp(hdr_name(h, i), name, len) == 0;
 }
 
 static inline const char *hdr_value(const struct hdrlist *h, uint32_t i)

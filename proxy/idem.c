@@ -424,12 +424,9 @@ static bool stored_field(const struct hdrlist *h, uint32_t i, void *arg)
 		return true;
 	if (httphdr_drop_on_forward(h, i))
 		return false;
-	if ((h->v[i].name_len == ix->req.cfg->request_id_len &&
-	     strncasecmp(hdr_name(h, i), ix->req.cfg->request_id_header,
-			 h->v[i].name_len) == 0) ||
-	    (h->v[i].name_len == sizeof(REPLY_ORIGINAL_ID) - 1 &&
-	     strncasecmp(hdr_name(h, i), REPLY_ORIGINAL_ID,
-			 sizeof(REPLY_ORIGINAL_ID) - 1) == 0))
+	if (hdr_named(h, i, ix->req.cfg->request_id_header,
+		      ix->req.cfg->request_id_len) ||
+	    hdr_named(h, i, REPLY_ORIGINAL_ID, sizeof(REPLY_ORIGINAL_ID) - 1))
 		return false;	/* ours: the request's own id is stored */
 	return policy_scoped(ix->req.policy) || h->v[i].name_len != 10 ||
 	       strcasecmp(hdr_name(h, i), "set-cookie") != 0;

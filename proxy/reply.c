@@ -30,14 +30,6 @@ static void request_id(struct h1_out *o, struct reply_conn rc)
 	h1_out_add(o, "\r\n", 2);
 }
 
-/* Is field i named name (len bytes)? */
-static bool named(const struct hdrlist *h, uint32_t i, const char *name,
-		  size_t len)
-{
-	return name != NULL && h->v[i].name_len == len &&
-	       strncasecmp(hdr_name(h, i), name, len) == 0;
-}
-
 void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
 		   struct reply_conn rc)
 {
@@ -78,7 +70,7 @@ static bool relayed_field(const struct hdrlist *h, uint32_t i, void *arg)
 	bool is_cl = h->v[i].name_len == 14 &&
 		     strncasecmp(hdr_name(h, i), "content-length", 14) == 0;
 
-	if (named(h, i, f->rid_name, f->rid_len))
+	if (f->rid_name != NULL && hdr_named(h, i, f->rid_name, f->rid_len))
 		return false;
 	return !httphdr_drop_on_forward(h, i) || (is_cl && f->keep_cl);
 }

@@ -94,11 +94,9 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 	if (httphdr_drop_on_forward(h, i))
 		return false;
 	if (r->request_id != NULL &&
-	    n == r->cfg->request_id_len &&
-	    strncasecmp(name, r->cfg->request_id_header, n) == 0)
+	    hdr_named(h, i, r->cfg->request_id_header, r->cfg->request_id_len))
 		return false;	/* written below, the same when well-formed */
-	if (r->traceparent != NULL && n == 11 &&
-	    strncasecmp(name, "traceparent", 11) == 0)
+	if (r->traceparent != NULL && hdr_named(h, i, "traceparent", 11))
 		return false;	/* ours: its parent is our span */
 	return !(r->drop_expect && n == 6 && strcasecmp(name, "expect") == 0);
 }

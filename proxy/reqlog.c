@@ -80,14 +80,6 @@ bool reqlog_id_ok(const char *v, size_t len)
 	return true;
 }
 
-/* Is field i named name (of len bytes)? */
-static bool named(const struct hdrlist *f, uint32_t i, const char *name,
-		  size_t len)
-{
-	return f->v[i].name_len == len &&
-	       strncasecmp(hdr_name(f, i), name, len) == 0;
-}
-
 void reqlog_head(struct reqlog *rl, const struct config *cfg,
 		 const struct hdrlist *fields)
 {
@@ -97,17 +89,17 @@ void reqlog_head(struct reqlog *rl, const struct config *cfg,
 
 	/* one pass: a request's head is read once more here, not per field */
 	for (uint32_t i = 0; i < fields->n; i++) {
-		if (named(fields, i, rid_name, rid_len)) {
+		if (hdr_named(fields, i, rid_name, rid_len)) {
 			rid = (int)i;
 			nrid++;
-		} else if (named(fields, i, "traceparent", 11)) {
+		} else if (hdr_named(fields, i, "traceparent", 11)) {
 			tp = (int)i;
 			ntp++;
-		} else if (named(fields, i, "user-agent", 10)) {
+		} else if (hdr_named(fields, i, "user-agent", 10)) {
 			rl->user_agent = (int)i;
-		} else if (named(fields, i, "referer", 7)) {
+		} else if (hdr_named(fields, i, "referer", 7)) {
 			rl->referer = (int)i;
-		} else if (named(fields, i, "host", 4)) {
+		} else if (hdr_named(fields, i, "host", 4)) {
 			rl->host = (int)i;
 		}
 	}
@@ -250,8 +242,7 @@ static const char *forwarded_client(const struct config *cfg,
 	for (i = f->n; i-- > 0 && found == NULL;) {
 		const char *v = hdr_value(f, i), *end;
 
-		if (f->v[i].name_len != 15 ||
-		    strncasecmp(hdr_name(f, i), "x-forwarded-for", 15) != 0)
+		if (!hdr_named(f, i, "x-forwarded-for", 15))
 			continue;
 		end = v + f->v[i].value_len;
 		while (end > v && found == NULL) {
