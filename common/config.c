@@ -277,6 +277,10 @@ static const struct config_opt options[] = {
 	  .off = F(client_timeout_ms), .def = "10s", .metavar = "DUR",
 	  .help = "wait for a request head, and for each gap while reading a "
 		  "body; then 408" },
+	{ .name = "tunnel-idle-timeout", .syn = SYNTAX_DURATION(1),
+	  .off = F(tunnel_idle_timeout_ms), .def = "1h", .metavar = "DUR",
+	  .help = "close an upgraded connection (a WebSocket) when no byte "
+		  "went either way for this long" },
 	{ .name = "idle-timeout", .syn = SYNTAX_DURATION(1),
 	  .off = F(idle_timeout_ms), .def = "60s", .metavar = "DUR",
 	  .help = "close a keep-alive client connection idle this long" },

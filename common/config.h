@@ -81,6 +81,7 @@ struct config {
 	/* additions to DESIGN.md §3, documented in docs/configuration.md */
 	uint64_t client_timeout_ms;	/* request head, and each body read gap: 408 */
 	uint64_t idle_timeout_ms;	/* idle keep-alive client connection */
+	uint64_t tunnel_idle_timeout_ms; /* an upgraded connection, both ways quiet */
 	uint64_t max_header_size;	/* request line + headers: 431 */
 	int max_connections;		/* per worker; accept pauses beyond */
 	uint64_t memory_max_bytes;	/* memory store bound */

@@ -118,7 +118,8 @@ enum tls_error {
 	X(store_partitions,     "Partitions of the PostgreSQL table (0: not partitioned, or not known yet).") \
 	X(response_cache_bytes, "Bytes held by the in-process response cache.") \
 	X(response_cache_entries, "Completed responses held by the in-process response cache.") \
-	X(store_up,             "1 while the idempotency store is reachable (what /readyz asks), else 0.")
+	X(store_up,             "1 while the idempotency store is reachable (what /readyz asks), else 0.") \
+	X(tunnels_open,         "Upgraded connections (WebSockets) open: byte tunnels between a client and the upstream.")
 
 /* Plain counters: name, help. */
 #define COUNTER_LIST(X) \
@@ -140,7 +141,10 @@ enum tls_error {
 	X(access_log_dropped_total, "Access-log lines dropped: the writer could not keep up (a full disk, a stalled pipe).") \
 	X(trace_spans_exported_total, "Spans the OTLP collector accepted.") \
 	X(trace_spans_dropped_total, "Spans dropped: the export queue was full, or the collector refused or was unreachable past the retries.") \
-	X(trace_export_failures_total, "OTLP export requests that failed (each retry counts).")
+	X(trace_export_failures_total, "OTLP export requests that failed (each retry counts).") \
+	X(tunnels_total,           "Connections upgraded by the upstream (101 Switching Protocols) into byte tunnels.") \
+	X(tunnel_client_bytes_total, "Bytes tunnels carried from clients to the upstream.") \
+	X(tunnel_upstream_bytes_total, "Bytes tunnels carried from the upstream to clients.")
 
 enum counter {
 #define X(name, help) COUNTER_##name,

@@ -16,6 +16,7 @@ PACKAGES="
   prometheus
   patroni etcd-server
   pgbouncer
+  python3-websockets haproxy
 "
 
 # npm, for tests/integration/test_sdk_errors.py (stripe-node and openai,
@@ -78,6 +79,17 @@ case " $missing " in
   if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now pgbouncer >/dev/null 2>&1 || true
     echo "install-deps: pgbouncer installed for the tests; its service disabled"
+  fi
+  ;;
+esac
+# haproxy is for tests/integration/test_proxy_protocol.py (send-proxy in
+# front of idemproxy), python3-websockets for test_websocket.py; the tests
+# start their own haproxy on free ports.
+case " $missing " in
+*" haproxy "*)
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now haproxy >/dev/null 2>&1 || true
+    echo "install-deps: haproxy installed for the tests; its service disabled"
   fi
   ;;
 esac

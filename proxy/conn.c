@@ -69,6 +69,7 @@
 #include "conn_keyed.h"
 #include "conn_pass.h"
 #include "conn_tls.h"
+#include "conn_tunnel.h"
 #include "h1.h"
 #include "httphdr.h"
 #include "idem.h"
@@ -84,7 +85,7 @@
 
 static const char *const state_names[] = {
 	"idle", "read_head", "decide", "body", "claim", "forward", "respond",
-	"settle", "closing", "linger", "closed",
+	"settle", "tunnel", "closing", "linger", "closed",
 };
 
 /* The machinery the helpers reach through c->ops (conn_ops_table). */
@@ -98,6 +99,7 @@ static bool conn_exchange_problem(struct conn *c, enum problem p,
 				  const char *detail);
 static void conn_end_request(struct conn *c);
 static void conn_close(struct conn *c, const char *reason);
+static void log_request(struct conn *c, const char *error);
 static int conn_feed_parser(struct conn *c);
 static void conn_read_on(struct conn *c);
 static void conn_client_head(struct conn *c, const struct upstream_resp *r);
@@ -113,6 +115,7 @@ static const struct conn_ops conn_ops_table = {
 	.exchange_problem = conn_exchange_problem,
 	.end_request = conn_end_request,
 	.close = conn_close,
+	.log_request = log_request,
 	.feed_parser = conn_feed_parser,
 	.read_on = conn_read_on,
 	.client_head = conn_client_head,
@@ -153,10 +156,12 @@ static void conn_set_state(struct conn *c, enum conn_state next)
 		[CONN_ST_BODY] = 1u << CONN_ST_CLAIM | 1u << CONN_ST_RESPOND,
 		[CONN_ST_CLAIM] = 1u << CONN_ST_FORWARD | 1u << CONN_ST_RESPOND,
 		[CONN_ST_FORWARD] = 1u << CONN_ST_RESPOND | 1u << CONN_ST_IDLE |
-			1u << CONN_ST_SETTLE | 1u << CONN_ST_CLOSING,
+			1u << CONN_ST_SETTLE | 1u << CONN_ST_TUNNEL |
+			1u << CONN_ST_CLOSING,
 		[CONN_ST_RESPOND] = 1u << CONN_ST_IDLE | 1u << CONN_ST_SETTLE |
 			1u << CONN_ST_CLOSING,
 		[CONN_ST_SETTLE] = 1u << CONN_ST_IDLE | 1u << CONN_ST_CLOSING,
+		[CONN_ST_TUNNEL] = 0,		/* closed when it ends */
 		[CONN_ST_CLOSING] = 1u << CONN_ST_LINGER,
 		[CONN_ST_LINGER] = 0,
 		[CONN_ST_CLOSED] = 0,
@@ -338,6 +343,9 @@ static void drop_mode(struct conn *c)
 			store_cancel(c->issue_op);
 		c->issue_op = NULL;
 		break;
+	case CONN_MODE_TUNNEL:
+		conn_tunnel_free(c);
+		break;
 	case CONN_MODE_NONE:
 		break;
 	}
@@ -508,6 +516,10 @@ void conn_drain(struct conn *c)
 
 void conn_abort(struct conn *c)
 {
+	if (c->state == CONN_ST_TUNNEL && c->tun != NULL) {
+		conn_tunnel_abort(c);
+		return;
+	}
 	conn_close(c, "drain timeout");
 }
 
@@ -747,6 +759,8 @@ static void head_complete(struct conn *c)
 		refuse(c, prob, CLIENT_ERROR_BAD_REQUEST, why);
 		return;
 	}
+	if (reqhead_upgrade(&c->head.fields, c->http_minor))
+		cf_set(c, CF(UPGRADE));
 	if (p->flags & F_CHUNKED) {
 		c->req_body = BODY_CHUNKED;
 		if (c->http_minor == 0)
@@ -788,12 +802,19 @@ static void conn_parse(struct conn *c)
 /* Write a response head (interim or final) from the upstream. */
 static void conn_client_head(struct conn *c, const struct upstream_resp *r)
 {
-	bool interim = r->status < 200;
+	bool interim = r->status < 200 && r->status != 101;
 	bool keep_cl = c->method == HTTP_HEAD || r->status == 304;
 
 	if (interim && (c->http_minor == 0 || cf_has(c, CF(RESP_STARTED))))
 		return;		/* HTTP/1.0 clients get no 1xx */
-	if (!interim) {
+	if (r->status == 101) {		/* conn_pass.c opens the tunnel */
+		cf_set(c, CF(RESP_STARTED));
+		c->rl.status = r->status;
+	} else if (!interim) {
+		/* an upgrade refused: what follows on the connection may be
+		 * the protocol the client hoped for, not a request */
+		if (cf_has(c, CF(UPGRADE)))
+			cf_set(c, CF(CLOSE_AFTER));
 		if (!cf_has(c, CF(REQ_DONE)) || !cf_has(c, CF(KEEP_ALIVE)) || c->draining)
 			cf_set(c, CF(CLOSE_AFTER));
 		if (r->body == BODY_CHUNKED || r->body == BODY_EOF) {
@@ -841,6 +862,9 @@ static void read_cb(struct bufferevent *bev, void *arg)
 	case CONN_ST_READ_HEAD:
 		conn_parse(c);
 		break;
+	case CONN_ST_TUNNEL:
+		conn_tunnel_client_read(c);
+		break;
 	case CONN_ST_FORWARD:
 		conn_pass_pump(c);	/* pipelined input waits once req_done */
 		break;
@@ -879,6 +903,10 @@ static void write_cb(struct bufferevent *bev, void *arg)
 			start_linger(c);
 		return;
 	}
+	if (c->state == CONN_ST_TUNNEL) {
+		conn_tunnel_client_write(c);
+		return;
+	}
 	if (c->state != CONN_ST_FORWARD)
 		return;
 	if (c->mode == CONN_MODE_PASS && c->up != NULL)
@@ -898,6 +926,10 @@ static void event_cb(struct bufferevent *bev, short what, void *arg)
 	}
 	if (what & BEV_EVENT_CONNECTED) {
 		conn_tls_established(c);
+		return;
+	}
+	if (c->state == CONN_ST_TUNNEL) {
+		conn_tunnel_client_event(c, what);
 		return;
 	}
 	if (c->tls == CONN_TLS_HANDSHAKE) {

@@ -404,6 +404,14 @@ void conn_keyed_decide(struct conn *c)
 	case KEYED_ENGINE:
 		break;
 	}
+	if (cf_has(c, CF(UPGRADE))) {
+		/* a tunnel cannot be stored or replayed: never executed
+		 * under a key, nor forwarded as if it had none */
+		c->ops->answer(c, PROBLEM_INVALID_KEY, "a request that asks to "
+			       "switch protocols (Upgrade) cannot carry an "
+			       "idempotency key", OUTCOME_INVALID_KEY, true);
+		return;
+	}
 	body_start(&c->body, c->req_body == BODY_LENGTH ? c->req_length : 0);
 	c->ops->set_state(c, CONN_ST_BODY);
 	body_deadline(c);

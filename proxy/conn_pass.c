@@ -9,10 +9,13 @@
  * when the receiving side holds more than CONN_HIGH bytes, the sending
  * side stops reading (CLIENT_PAUSED here, upstream_pause_read there) until
  * it drains. A request without a body that is idempotent is sent again
- * once when a pooled connection turns out closed; nothing else is.
+ * once when a pooled connection turns out closed; nothing else is. A
+ * request asking for an upgrade that the upstream accepts (101) turns the
+ * connection into a tunnel (conn_tunnel.c).
  */
 #include "conn_pass.h"
 #include "conn_priv.h"
+#include "conn_tunnel.h"
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -49,6 +52,7 @@ static int start_exchange(struct conn *c, bool fresh)
 		.client_subject = c->tls_subject, .client_san = c->tls_san,
 		.request_id = reqlog_upstream_id(&c->rl, c->cfg, c->policy),
 		.traceparent = reqlog_traceparent(&c->rl),
+		.upgrade = cf_has(c, CF(UPGRADE)),
 	};
 
 	/* a request that is not retried on a stale connection (it has a
@@ -57,6 +61,8 @@ static int start_exchange(struct conn *c, bool fresh)
 		       c->req_body == BODY_NONE && idempotent_method(c->method) ?
 		       0 : UPSTREAM_CHECK;
 
+	if (rh.upgrade)
+		how |= UPSTREAM_UPGRADE;
 	c->up = upstream_acquire(c->loop->pool, &up_cbs, c,
 				 c->cfg->upstream_timeout_ms,
 				 c->method == HTTP_HEAD, how);
@@ -149,6 +155,12 @@ static void up_on_head(void *arg, const struct upstream_resp *r)
 	struct conn *c = arg;
 
 	c->ops->client_head(c, r);
+	if (r->status == 101) {		/* asked for, and the request is out */
+		struct bufferevent *up = upstream_detach(c->up);
+
+		c->up = NULL;
+		conn_tunnel_start(c, up);
+	}
 }
 
 static void up_on_body(void *arg, struct evbuffer *src, size_t len)

@@ -32,6 +32,7 @@ struct evbuffer;
 struct idem;
 struct policy;
 struct store_op;
+struct tunnel;
 struct upstream;
 struct upstream_resp;
 struct conn_loop;
@@ -60,6 +61,7 @@ enum conn_state {
 	CONN_ST_RESPOND,	/* a response of the proxy's own is queued */
 	CONN_ST_SETTLE,		/* keyed: response out; the next request waits
 				 * until the engine has recorded the outcome */
+	CONN_ST_TUNNEL,		/* after a 101: a byte tunnel (conn_tunnel.c) */
 	CONN_ST_CLOSING,	/* flushing the output, then closing */
 	CONN_ST_LINGER,		/* write side shut, swallowing input briefly */
 	CONN_ST_CLOSED,		/* on the reap list */
@@ -80,6 +82,7 @@ enum conn_mode {
 	CONN_MODE_PASS,		/* a pass-through exchange: c->up */
 	CONN_MODE_KEYED,	/* the engine: c->idem (NULL once it let go) */
 	CONN_MODE_ISSUE,	/* issuing a key: c->issue_op */
+	CONN_MODE_TUNNEL,	/* switched protocols: c->tun */
 };
 
 /* The request's flags, one word (conn_flags_str() for logs). */
@@ -93,7 +96,8 @@ enum conn_mode {
 	X(RESP_CHUNKED,  "resp_chunked")  /* we chunk the body for the client */ \
 	X(CLOSE_AFTER,   "close_after")   /* close once this response is out */ \
 	X(BODY_TOO_LARGE, "body_too_large") \
-	X(BODY_BUSY,     "body_busy")     /* the body budget is spent */
+	X(BODY_BUSY,     "body_busy")     /* the body budget is spent */ \
+	X(UPGRADE,       "upgrade")       /* asks to switch protocols */
 
 enum {
 #define X(name, label) CONN_BIT_##name,
@@ -159,6 +163,9 @@ struct conn {
 	/* pass-through */
 	struct upstream *up;
 	uint64_t up_start_ms;
+
+	/* after 101 Switching Protocols */
+	struct tunnel *tun;
 };
 
 static inline bool cf_has(const struct conn *c, unsigned f)
@@ -196,6 +203,9 @@ struct conn_ops {
 				 const char *detail);
 	void (*end_request)(struct conn *c);
 	void (*close)(struct conn *c, const char *reason);
+	/* The request's access-log line and spans, once (error: why it was
+	 * cut short; NULL: it ended well). */
+	void (*log_request)(struct conn *c, const char *error);
 	int (*feed_parser)(struct conn *c);
 	void (*read_on)(struct conn *c);
 	void (*client_head)(struct conn *c, const struct upstream_resp *r);

@@ -59,6 +59,7 @@ void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
 
 struct relay_filter {
 	bool keep_cl;
+	bool upgrade;		/* a 101: its Upgrade field goes on */
 	const char *rid_name;	/* the upstream's own is replaced by ours */
 	size_t rid_len;
 };
@@ -72,21 +73,26 @@ static bool relayed_field(const struct hdrlist *h, uint32_t i, void *arg)
 
 	if (f->rid_name != NULL && hdr_named(h, i, f->rid_name, f->rid_len))
 		return false;
+	if (f->upgrade && hdr_named(h, i, "upgrade", 7))
+		return true;
 	return !httphdr_drop_on_forward(h, i) || (is_cl && f->keep_cl);
 }
 
 void reply_relay_head(struct evbuffer *out, const struct upstream_resp *r,
 		      bool keep_cl, bool chunked, struct reply_conn rc)
 {
-	struct relay_filter f = { keep_cl, rc.rid ? rc.rid_name : NULL,
+	bool upgrade = r->status == 101;
+	struct relay_filter f = { keep_cl, upgrade, rc.rid ? rc.rid_name : NULL,
 				  rc.rid ? strlen(rc.rid_name) : 0 };
 	struct h1_out o;
 
 	h1_out_init(&o, out);
 	h1_status_line(&o, r->status);
 	h1_write_fields(&o, r->headers, relayed_field, &f);
-	if (r->status >= 200)
+	if (r->status >= 200 || upgrade)
 		request_id(&o, rc);
+	if (upgrade)
+		h1_out_add(&o, "Connection: upgrade\r\n", 21);
 	if (r->status >= 200) {
 		if (r->body == BODY_LENGTH)
 			content_length(&o, r->content_length);

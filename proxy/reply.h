@@ -36,7 +36,8 @@ void reply_problem(struct evbuffer *out, enum problem p, const char *detail,
  * An upstream response head as relayed: its end-to-end fields (keep_cl:
  * also its Content-Length, for HEAD and 304 which have no body), then our
  * framing - Content-Length for body BODY_LENGTH, chunked when `chunked` -
- * and our Connection field. An interim (1xx) head carries its fields only.
+ * and our Connection field. An interim (1xx) head carries its fields only;
+ * a 101 also its Upgrade field, Connection: upgrade and the request id.
  */
 void reply_relay_head(struct evbuffer *out, const struct upstream_resp *r,
 		      bool keep_cl, bool chunked, struct reply_conn rc);

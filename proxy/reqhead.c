@@ -91,6 +91,8 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 	    (n == 17 && strcasecmp(name, "x-forwarded-proto") == 0) ||
 	    (n == 16 && strcasecmp(name, "x-forwarded-host") == 0))
 		return true;
+	if (r->upgrade && n == 7 && strcasecmp(name, "upgrade") == 0)
+		return true;	/* the one hop-by-hop field that goes on */
 	if (httphdr_drop_on_forward(h, i))
 		return false;
 	if (r->request_id != NULL &&
@@ -148,6 +150,8 @@ void reqhead_write(struct evbuffer *out, const struct reqhead *r)
 	}
 	if (r->traceparent != NULL)
 		write_field(&o, "traceparent: ", r->traceparent);
+	if (r->upgrade)
+		h1_out_add(&o, "Connection: upgrade\r\n", 21);
 	if (r->body == BODY_LENGTH) {
 		h1_out_add(&o, "Content-Length: ", 16);
 		h1_out_dec(&o, r->length);
@@ -157,6 +161,24 @@ void reqhead_write(struct evbuffer *out, const struct reqhead *r)
 	}
 	h1_out_add(&o, "\r\n", 2);
 	h1_out_flush(&o);
+}
+
+bool reqhead_upgrade(const struct hdrlist *h, unsigned http_minor)
+{
+	bool asked = false;
+	int u = hdrlist_find(h, "upgrade", 0);
+
+	if (u < 0 || http_minor == 0)
+		return false;
+	for (int i = hdrlist_find(h, "connection", 0); i >= 0 && !asked;
+	     i = hdrlist_find(h, "connection", (uint32_t)i + 1))
+		asked = httphdr_list_has(hdr_value(h, (uint32_t)i),
+					 h->v[i].value_len, "upgrade");
+	for (; asked && u >= 0; u = hdrlist_find(h, "upgrade", (uint32_t)u + 1))
+		if (httphdr_list_has(hdr_value(h, (uint32_t)u), h->v[u].value_len,
+				     "h2c"))
+			return false;
+	return asked;
 }
 
 const char *reqhead_origin_target(const char *t, int method)

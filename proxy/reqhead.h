@@ -34,7 +34,18 @@ struct reqhead {
 					 * the client's field; NULL: none */
 	const char *traceparent;	/* ours, replacing the client's; NULL:
 					 * the client's goes as it came */
+	bool upgrade;			/* an upgrade (reqhead_upgrade): its
+					 * Upgrade fields go with Connection:
+					 * upgrade */
 };
+
+/*
+ * Does the request ask to switch protocols - Connection naming "upgrade"
+ * and an Upgrade field, HTTP/1.1 (RFC 9110 §7.8)? Not for h2c: the
+ * upstream is spoken to in HTTP/1.1, and an Upgrade offering h2c is
+ * dropped as hop-by-hop, the request going on as a plain one.
+ */
+bool reqhead_upgrade(const struct hdrlist *fields, unsigned http_minor);
 
 void reqhead_write(struct evbuffer *out, const struct reqhead *r);
 

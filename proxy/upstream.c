@@ -82,6 +82,7 @@ struct upstream {
 	void *arg;
 	struct timeval timeout;
 	bool head_request;
+	bool upgrade;		/* the request asks for one: 101 switches */
 	bool reused;		/* came from the pool */
 	bool got_bytes;		/* any response byte in this exchange */
 	bool keep_alive;	/* the upstream allows reuse */
@@ -180,11 +181,13 @@ static void up_close(struct upstream *u)
 	} else {
 		p->nbusy--;
 	}
-	if (p->target.tls != NULL)
-		tls_upstream_closing(u->bev, u->state == UP_ST_IDLE ||
-				     u->phase == UP_PH_DONE);
-	bufferevent_free(u->bev);	/* and its SSL */
-	u->bev = NULL;
+	if (u->bev != NULL) {		/* NULL: upstream_detach() took it */
+		if (p->target.tls != NULL)
+			tls_upstream_closing(u->bev, u->state == UP_ST_IDLE ||
+					     u->phase == UP_PH_DONE);
+		bufferevent_free(u->bev);	/* and its SSL */
+		u->bev = NULL;
+	}
 	u->cbs = NULL;
 	event_del(u->flush);
 	u->flush_armed = false;
@@ -318,6 +321,25 @@ static int on_message_complete(llhttp_t *p)
 }
 
 /*
+ * 101 Switching Protocols: the end of HTTP on this connection. Only to a
+ * request that asked for an upgrade and was queued whole, and naming the
+ * protocol (RFC 9110 §15.2.2); anything else is a protocol error (-1). The
+ * owner takes the connection in on_head (upstream_detach) or aborts it;
+ * bytes after the head stay in the input, the new protocol's first.
+ */
+static int switched(struct upstream *u, struct upstream_resp *resp)
+{
+	if (!u->upgrade || !u->sent || hdrlist_find(&u->head.fields, "upgrade", 0) < 0)
+		return -1;
+	resp->body = BODY_NONE;
+	u->keep_alive = false;
+	u->phase = UP_PH_DONE;
+	if (u->cbs != NULL)
+		u->cbs->on_head(u->arg, resp);
+	return 0;
+}
+
+/*
  * A head is parsed (llhttp paused in on_headers_complete). Work out the body,
  * tell the owner, and set up for the body or for the next head after a 1xx.
  * Returns -1 on a protocol error.
@@ -338,15 +360,16 @@ static int handle_head(struct upstream *u)
 		return -1;	/* not three digits: nothing a client can read */
 	if (resp.status >= 100 && resp.status < 200) {
 		if (resp.status == 101)
-			return -1;	/* we never ask for an upgrade */
+			return switched(u, &resp);
 		resp.body = BODY_NONE;
 		if (u->cbs != NULL)
 			u->cbs->on_head(u->arg, &resp);
 		parser_reset(u);
 		return 0;
 	}
-	u->keep_alive = h1_keep_alive(&u->head.fields, p->http_major,
-				      p->http_minor);
+	/* an upgrade refused: the upstream may speak the protocol anyway */
+	u->keep_alive = !u->upgrade && h1_keep_alive(&u->head.fields,
+						     p->http_major, p->http_minor);
 	if (u->head_request || resp.status == 204 || resp.status == 304) {
 		resp.body = BODY_NONE;
 	} else if (p->flags & F_CHUNKED) {
@@ -1021,6 +1044,7 @@ struct upstream *upstream_acquire(struct upstream_pool *p,
 	u->cbs = cbs;
 	u->arg = arg;
 	u->head_request = head;
+	u->upgrade = (how & UPSTREAM_UPGRADE) != 0;
 	u->got_bytes = false;
 	u->keep_alive = false;
 	u->read_paused = false;
@@ -1093,6 +1117,22 @@ void upstream_release(struct upstream *u)
 	h1_head_reset(&u->head, UP_MAX_HEAD);
 	bufferevent_set_timeouts(u->bev, &idle, NULL);
 	read_on(u);	/* an idle connection reads: a close, or stray bytes */
+}
+
+struct bufferevent *upstream_detach(struct upstream *u)
+{
+	struct bufferevent *bev = u->bev;
+
+	evbuffer_remove_cb(bufferevent_get_output(bev), output_added, u);
+	bufferevent_setcb(bev, NULL, NULL, NULL, NULL);
+	bufferevent_set_timeouts(bev, NULL, NULL);
+	bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
+	bufferevent_disable(bev, EV_READ | EV_WRITE);
+	u->bev = NULL;
+	u->cbs = NULL;
+	u->arg = NULL;
+	up_close(u);
+	return bev;
 }
 
 void upstream_abort(struct upstream *u)

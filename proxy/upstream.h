@@ -26,6 +26,7 @@
 #include "httphdr.h"
 #include "metrics.h"
 
+struct bufferevent;
 struct event_base;
 struct evbuffer;
 struct tls_upstream;
@@ -94,6 +95,10 @@ void upstream_pool_free(struct upstream_pool *p);
 #define UPSTREAM_CHECK	0x02	/* peek a pooled one first: a request that
 				 * must not be sent on a connection the
 				 * upstream already closed (one syscall) */
+#define UPSTREAM_UPGRADE 0x04	/* the request asks for an upgrade: a 101
+				 * answer switches protocols (on_head with
+				 * status 101, then upstream_detach); the
+				 * connection is never pooled again */
 
 /*
  * Get a connection for one exchange: an idle pooled one unless
@@ -115,6 +120,11 @@ void upstream_request_sent(struct upstream *u);
 void upstream_pause_read(struct upstream *u, bool paused);
 /* After on_done: return the connection to the pool if it can be reused. */
 void upstream_release(struct upstream *u);
+/* In on_head of a 101 (UPSTREAM_UPGRADE): take the connection out of the
+ * pool, the handle ends. The bufferevent comes with no callbacks, timeouts
+ * or events, what the upstream sent after the 101 head in its input; an
+ * https one keeps its SSL. The caller frees it. */
+struct bufferevent *upstream_detach(struct upstream *u);
 /* Give the handle up mid-exchange; the connection is closed. */
 void upstream_abort(struct upstream *u);
 
