@@ -19,7 +19,7 @@
 set -eu
 cd "$(dirname "$0")/../.."
 
-ALL="request response keysrc idemkey verify config setting jcs fpshape jwt logs"
+ALL="request response keysrc idemkey verify config setting jcs fpshape jwt logs proxyproto"
 BUILD=${IDEMPROXY_FUZZ_BUILD:-build-fuzz}
 
 # The input size each target is run with: a head of 4 KiB and a few
@@ -37,6 +37,7 @@ max_len() {
 	fpshape) echo 2048 ;;
 	jwt) echo 4096 ;;
 	logs) echo 8192 ;;
+	proxyproto) echo 4608 ;;
 	*) echo "tests/fuzz/run.sh: unknown target $1 (targets: $ALL)" >&2; exit 2 ;;
 	esac
 }

@@ -462,6 +462,66 @@ def logs_seeds():
     return {f"seed-{i:02d}": data for i, data in enumerate(out)}
 
 
+def crc32c(data):
+    """CRC32c (RFC 4960 appendix B), bit by bit."""
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xFFFFFFFF
+
+
+def proxyproto_seeds():
+    """fuzz_proxyproto.c: the bytes a connection starts with. Every kind
+    of v1 line and v2 header the unit test accepts, most followed by a
+    request (its bytes are the stream's), and some that are refused."""
+    get = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+    sig = b"\r\n\r\n\x00\r\nQUIT\n"
+
+    def v2(ver_cmd, fam, block=b"", tlvs=b"", crc=False):
+        if crc:
+            tlvs += b"\x03\x00\x04\x00\x00\x00\x00"
+        body = block + tlvs
+        out = bytearray(sig + bytes([ver_cmd, fam]) + len(body).to_bytes(2, "big") + body)
+        if crc:
+            out[-4:] = crc32c(bytes(out)).to_bytes(4, "big")
+        return bytes(out)
+
+    tcp4 = bytes([10, 1, 2, 3, 192, 0, 2, 7]) + (8080).to_bytes(2, "big") + (443).to_bytes(2, "big")
+    tcp6 = (bytes.fromhex("20010db8000000000000000000000017") +
+            bytes.fromhex("20010db8000000000000000000000001") + b"\xff\xff\x00\x50")
+    unix = b"/run/lb.sock".ljust(108, b"\x00") + b"/run/idem.sock".ljust(108, b"\x00")
+    tlvs = (b"\x01\x00\x02h2" + b"\x02\x00\x0bexample.com" + b"\x04\x00\x00" +
+            b"\x20\x00\x05\x07\x00\x00\x00\x00")
+    return {
+        "v1-tcp4": b"PROXY TCP4 192.168.0.1 192.168.0.11 56324 443\r\n" + get,
+        "v1-tcp6": b"PROXY TCP6 2001:db8::1 2001:db8::2 65535 0\r\n" + get,
+        "v1-tcp6-mapped": b"PROXY TCP6 ::ffff:10.1.2.3 ::1 1 2\r\n",
+        "v1-tcp6-longest": (b"PROXY TCP6 ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff "
+                            b"ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe 65535 65535\r\n"),
+        "v1-unknown": b"PROXY UNKNOWN\r\n" + get,
+        "v1-unknown-worst": (b"PROXY UNKNOWN ffff:f...f:ffff ffff:f...f:ffff "
+                             b"65535 65535\r\n"),
+        "v1-lf-only": b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\n" + get,
+        "v1-no-crlf": b"PROXY UNKNOWN " + b"x" * 100,
+        "v2-tcp4": v2(0x21, 0x11, tcp4) + get,
+        "v2-tcp4-tlvs": v2(0x21, 0x11, tcp4, tlvs) + get,
+        "v2-tcp4-crc": v2(0x21, 0x11, tcp4, tlvs, crc=True) + get,
+        "v2-tcp6": v2(0x21, 0x21, tcp6) + get,
+        "v2-tcp6-crc": v2(0x21, 0x21, tcp6, b"\x04\x00\x01x", crc=True),
+        "v2-local": v2(0x20, 0x00) + get,
+        "v2-local-crc": v2(0x20, 0x00, b"", b"", crc=True),
+        "v2-local-tcp4": v2(0x20, 0x11, tcp4),
+        "v2-unspec-tlvs": v2(0x21, 0x00, b"", tlvs),
+        "v2-unix": v2(0x21, 0x31, unix, tlvs) + get,
+        "v2-udp": v2(0x21, 0x12, tcp4),
+        "v2-tlv-past-end": v2(0x21, 0x11, tcp4, b"\x01\x00\x03h2"),
+        "v2-too-long": sig + b"\x21\x11\x10\x01" + tcp4,
+        "http": get,
+    }
+
+
 def write(target, seeds):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -486,6 +546,7 @@ def main():
     write("fpshape", fpshape_seeds())
     write("jwt", jwt_seeds())
     write("logs", logs_seeds())
+    write("proxyproto", proxyproto_seeds())
 
 
 if __name__ == "__main__":
