@@ -87,6 +87,12 @@ static const struct setting_word access_log_format_words[] = {
 	{ NULL, 0 },
 };
 
+static const struct setting_word xff_words[] = {
+	{ "append", XFF_APPEND },
+	{ "off", XFF_OFF },
+	{ NULL, 0 },
+};
+
 static const struct setting_word tls_client_cert_words[] = {
 	{ "optional", TLS_CLIENT_CERT_OPTIONAL },
 	{ "required", TLS_CLIENT_CERT_REQUIRED },
@@ -95,7 +101,8 @@ static const struct setting_word tls_client_cert_words[] = {
 
 _Static_assert(sizeof(enum log_format) == sizeof(int) &&
 	       sizeof(enum alog_format) == sizeof(int) &&
-	       sizeof(enum tls_client_cert) == sizeof(int),
+	       sizeof(enum tls_client_cert) == sizeof(int) &&
+	       sizeof(enum xff_mode) == sizeof(int),
 	       "log_format and tls_client_cert are set as words");
 
 #define F(field) offsetof(struct config, field)
@@ -231,6 +238,15 @@ static const struct config_opt options[] = {
 	  .off = F(trusted_proxies), .defdoc = "none", .metavar = "CIDR,...",
 	  .help = "peers whose X-Forwarded-For names the client in the access "
 		  "log and traces, e.g. 10.0.0.0/8,127.0.0.1" },
+	{ .name = "proxy-protocol", .syn = SYNTAX_STRING,
+	  .off = F(proxy_protocol), .defdoc = "off", .metavar = "CIDR,...",
+	  .help = "connections from these sources start with a PROXY protocol "
+		  "header (v1 or v2) naming the client, e.g. 10.0.0.0/8; "
+		  "required from them, refused from anyone else" },
+	{ .name = "x-forwarded-for", .syn = SYNTAX_WORDS(xff_words),
+	  .off = F(forwarded_for), .def = "append", .metavar = "append|off",
+	  .help = "append the client's address to X-Forwarded-For upstream, "
+		  "or pass the field on as the client sent it" },
 	{ .name = "request-id-header", .syn = SYNTAX_TOKEN,
 	  .off = F(request_id_header), .def = "X-Request-Id", .metavar = "NAME",
 	  .help = "the request id: the client's when well-formed, else made; "
@@ -624,6 +640,7 @@ static void config_free(struct config *c)
 		opt_clear(&options[i], c);
 	routes_free(&c->routing);
 	cidr_clear(&c->trusted);
+	cidr_clear(&c->pp_from);
 	free(c->upstream_addr);
 	otel_settings_free(&c->otel);
 	strv_free(c->argv);
@@ -1133,6 +1150,11 @@ static int derive(const struct build *b, struct config *c, char **envp,
 	if (c->trusted_proxies != NULL &&
 	    cidr_parse(c->trusted_proxies, &c->trusted, why, sizeof(why)) < 0) {
 		snprintf(err, errlen, "--trusted-proxies: %s", why);
+		return -1;
+	}
+	if (c->proxy_protocol != NULL &&
+	    cidr_parse(c->proxy_protocol, &c->pp_from, why, sizeof(why)) < 0) {
+		snprintf(err, errlen, "--proxy-protocol: %s", why);
 		return -1;
 	}
 	/* given (either way) it wins over OTEL_SDK_DISABLED; else that decides */

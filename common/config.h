@@ -40,6 +40,13 @@ enum tls_client_cert {
 	TLS_CLIENT_CERT_REQUIRED,	/* the handshake fails without one */
 };
 
+/* --x-forwarded-for: the client's address appended, or the field left as
+ * the client sent it */
+enum xff_mode {
+	XFF_APPEND,
+	XFF_OFF,
+};
+
 struct config {
 	atomic_int refcount;
 
@@ -113,6 +120,10 @@ struct config {
 	bool access_log_query;		/* log the query string too */
 	char *trusted_proxies;		/* as given; NULL: none */
 	struct cidr_set trusted;	/* ... parsed */
+	/* issue 46: the PROXY protocol (docs/deploy.md "Behind a load balancer") */
+	char *proxy_protocol;		/* sources that send it; NULL: off */
+	struct cidr_set pp_from;	/* ... parsed */
+	enum xff_mode forwarded_for;	/* --x-forwarded-for */
 	char *request_id_header;	/* "X-Request-Id" */
 	size_t request_id_len;		/* ... its length */
 	char *upstream_addr;		/* "host:port" of the upstream, as the

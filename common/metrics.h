@@ -39,7 +39,8 @@ enum outcome {
 #define CLIENT_ERROR_LIST(X) \
 	X(BAD_REQUEST,       "bad_request") \
 	X(HEADERS_TOO_LARGE, "headers_too_large") \
-	X(REQUEST_TIMEOUT,   "request_timeout")
+	X(REQUEST_TIMEOUT,   "request_timeout") \
+	X(PROXY_PROTOCOL,    "proxy_protocol")
 
 enum client_error {
 #define X(name, label) CLIENT_ERROR_##name,

@@ -75,6 +75,7 @@
 #include "idem.h"
 #include "log.h"
 #include "metrics.h"
+#include "pp_accept.h"
 #include "problem.h"
 #include "reply.h"
 #include "reqhead.h"
@@ -780,9 +781,34 @@ static void head_complete(struct conn *c)
 	conn_keyed_decide(c);
 }
 
+/*
+ * With --proxy-protocol, a header from a source it does not list (or a
+ * second one): close, with a log line. Its address would otherwise be
+ * trusted, or it would be read as a request. True when closed.
+ */
+static bool stray_proxy_header(struct conn *c)
+{
+	struct evbuffer *in = bufferevent_get_input(c->bev);
+	size_t n = evbuffer_get_length(in);
+	const char *first;
+
+	if (c->loop->cfg->proxy_protocol == NULL)
+		return false;
+	first = (const char *)evbuffer_pullup(in, n < 12 ? (ssize_t)n : 12);
+	if (first == NULL || !pp_accept_looks_like_header(first, n < 12 ? n : 12))
+		return false;
+	metrics_client_error(CLIENT_ERROR_PROXY_PROTOCOL);
+	log_warn("conn %s: PROXY protocol header from a source --proxy-protocol "
+		 "does not list; closed", c->peer);
+	conn_close(c, "proxy protocol not allowed");
+	return true;
+}
+
 /* Parse what the client sent while no exchange is in progress. */
 static void conn_parse(struct conn *c)
 {
+	if (c->state == CONN_ST_IDLE && stray_proxy_header(c))
+		return;
 	while (c->state == CONN_ST_IDLE || c->state == CONN_ST_READ_HEAD) {
 		int rc = conn_feed_parser(c);
 

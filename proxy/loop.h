@@ -16,11 +16,13 @@
 
 struct config;
 struct conn;
+struct pp_wait;
 struct store;
 struct tls_listener;
 struct upstream_pool;
 
 TAILQ_HEAD(conn_list, conn);
+TAILQ_HEAD(pp_wait_list, pp_wait);
 
 struct conn_loop {
 	struct event_base *base;
@@ -31,6 +33,8 @@ struct conn_loop {
 	struct idem_env idem;		/* what the engine borrows */
 	struct conn_list conns;		/* every open client connection */
 	struct conn_list reap;		/* closed, to be freed next turn */
+	struct pp_wait_list pp_waits;	/* accepted, their PROXY header due
+					 * (pp_accept.c) */
 	struct event *reap_ev;		/* frees l->reap (worker.c) */
 };
 

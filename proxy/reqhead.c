@@ -84,7 +84,7 @@ static bool forwarded_field(const struct hdrlist *h, uint32_t i, void *arg)
 	    folds_to_any(name, n, forwarded_names, COUNT(forwarded_names)))
 		return false;	/* a spelling no hop in front writes */
 	if (n == 15 && strcasecmp(name, "x-forwarded-for") == 0)
-		return false;	/* rewritten below */
+		return r->cfg->forwarded_for == XFF_OFF;	/* else rewritten */
 	if (r->tls && n == 17 && strcasecmp(name, "x-forwarded-proto") == 0)
 		return false;	/* written below */
 	if ((n == 4 && strcasecmp(name, "host") == 0) ||
@@ -133,7 +133,8 @@ void reqhead_write(struct evbuffer *out, const struct reqhead *r)
 		h1_out_str(&o, r->cfg->upstream_hp.port);
 		h1_out_add(&o, "\r\n", 2);
 	}
-	write_forwarded_for(&o, r);
+	if (r->cfg->forwarded_for == XFF_APPEND)
+		write_forwarded_for(&o, r);
 	if (r->tls)
 		h1_out_add(&o, "X-Forwarded-Proto: https\r\n", 26);
 	else if (hdrlist_find(h, "x-forwarded-proto", 0) < 0)

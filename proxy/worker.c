@@ -29,6 +29,7 @@
 #include "config.h"
 #include "conn.h"
 #include "log.h"
+#include "pp_accept.h"
 
 /* After accept() fails for lack of descriptors, try again this much later. */
 #define ACCEPT_RETRY_MS 100
@@ -92,9 +93,11 @@ static void reap_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /* One accepted connection: set it up, pause at max_connections. */
-static void take_conn(struct worker *w, evutil_socket_t fd,
-		      const struct sockaddr *peer, socklen_t peerlen)
+static void admit_conn(void *arg, evutil_socket_t fd,
+		       const struct sockaddr *peer, socklen_t peerlen)
 {
+	struct worker *w = arg;
+
 	if (conn_new(&w->loop, fd, peer, peerlen) == NULL) {
 		log_warn("worker %d: cannot set up a connection", w->id);
 		return;
@@ -106,6 +109,17 @@ static void take_conn(struct worker *w, evutil_socket_t fd,
 		w->listener_paused = true;
 		listeners_enable(w, false);
 	}
+}
+
+/* An accepted socket: a connection, once a load balancer in front has
+ * named the client (--proxy-protocol, pp_accept.c). */
+static void take_conn(struct worker *w, evutil_socket_t fd,
+		      const struct sockaddr *peer, socklen_t peerlen)
+{
+	if (pp_accept_expected(&w->loop, peer))
+		pp_accept_start(&w->loop, fd, peer, peerlen, admit_conn, w);
+	else
+		admit_conn(w, fd, peer, peerlen);
 }
 
 /*
@@ -211,6 +225,7 @@ static void start_drain(struct worker *w)
 		next = conn_next(c);
 		conn_drain(c);
 	}
+	pp_accept_close_all(&w->loop);	/* not connections yet */
 	upstream_pool_close_idle(w->loop.pool);
 	evtimer_add(w->drain_timer, &tv);
 	conn_loop_reap_later(&w->loop);
@@ -280,6 +295,7 @@ int worker_init(struct worker *w, int id, struct config *cfg,
 	w->loop.cfg = config_ref(cfg);
 	TAILQ_INIT(&w->loop.conns);
 	TAILQ_INIT(&w->loop.reap);
+	TAILQ_INIT(&w->loop.pp_waits);
 	atomic_init(&w->next_cfg, NULL);
 	atomic_init(&w->stop, false);
 	atomic_init(&w->exited, false);
@@ -391,6 +407,7 @@ void worker_free(struct worker *w)
 		conn_abort(c);
 	while ((c = TAILQ_FIRST(&w->loop.reap)) != NULL)
 		conn_free(c);
+	pp_accept_close_all(&w->loop);
 	idem_env_free(&w->loop.idem);
 	listeners_free(w);
 	upstream_pool_free(w->loop.pool);

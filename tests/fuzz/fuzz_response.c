@@ -20,7 +20,10 @@
  * well-formed HTTP/1.1 response stream (interim heads, then the final one)
  * with the final status and exactly the body bytes the upstream sent; the
  * replay built from the stored head and body is well-formed too, with the
- * same status and body.
+ * same status and body. A 101 switches only a request that asked for an
+ * upgrade (F_ASKS_UPGRADE); its relayed head carries Upgrade and Connection:
+ * upgrade, and the connection upstream_detach() hands over holds what the
+ * upstream sent after the head, unread (conn_pass.c, conn_tunnel.c).
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -30,6 +33,7 @@
 #include <unistd.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <llhttp.h>
 
@@ -47,6 +51,7 @@ enum {
 	F_FRESH = 8,		/* a new connection, not a pooled one */
 	F_CLOSE = 16,		/* the client did not ask for keep-alive */
 	F_SCOPED = 32,		/* the route scopes keys: Set-Cookie is stored */
+	F_ASKS_UPGRADE = 64,		/* the request asks to switch protocols */
 };
 
 static struct event_base *base;
@@ -58,6 +63,8 @@ struct exchange {
 	struct upstream *u;
 	unsigned flags;
 	bool done, failed, paused;
+	bool switched;			/* a 101: the connection was detached */
+	struct evbuffer *tunnel;	/* ... and what its input held */
 	bool resp_started, resp_chunked, close_after;
 	int status;			/* the final one */
 	struct evbuffer *out;		/* to the client */
@@ -77,6 +84,27 @@ static void on_head(void *arg, const struct upstream_resp *r)
 	/* three digits, or a protocol error (a status below 100 was taken as
 	 * final here and as interim by conn.c and idem.c: fixed in 61e2b2a) */
 	FUZZ_REQUIRE(r->status >= 100 && r->status <= 999);
+	if (r->status == 101) {		/* conn_pass.c up_on_head() */
+		struct bufferevent *bev;
+		struct evbuffer_ptr at;
+
+		FUZZ_REQUIRE(x->flags & F_ASKS_UPGRADE);
+		FUZZ_REQUIRE(hdrlist_find(r->headers, "upgrade", 0) >= 0);
+		reply_relay_head(x->out, r, false, false, rc);
+		at = evbuffer_search(x->out, "\r\nConnection: upgrade\r\n", 23, NULL);
+		FUZZ_REQUIRE(at.pos >= 0);
+		at = evbuffer_search(x->out, "\r\nUpgrade: ", 11, NULL);
+		FUZZ_REQUIRE(at.pos >= 0);
+		bev = upstream_detach(x->u);
+		x->u = NULL;
+		evbuffer_add_buffer(x->tunnel, bufferevent_get_input(bev));
+		/* and what the socket still holds (it was read in pieces) */
+		while (evbuffer_read(x->tunnel, bufferevent_getfd(bev), 65536) > 0)
+			;
+		bufferevent_free(bev);
+		x->switched = true;
+		return;
+	}
 	if (interim && (http10 || x->resp_started))
 		return;
 	if (!interim) {
@@ -333,9 +361,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	x.out = evbuffer_new();
 	x.sent = evbuffer_new();
 	x.cap_head = evbuffer_new();
+	x.tunnel = evbuffer_new();
 	x.u = upstream_acquire(pool, &cbs, &x, 2000, x.flags & F_HEAD,
-			       x.flags & F_FRESH);
-	if (x.u == NULL || x.out == NULL || x.sent == NULL || x.cap_head == NULL)
+			       ((x.flags & F_FRESH) ? UPSTREAM_FRESH : 0) |
+			       ((x.flags & F_ASKS_UPGRADE) ? UPSTREAM_UPGRADE : 0));
+	if (x.u == NULL || x.out == NULL || x.sent == NULL ||
+	    x.cap_head == NULL || x.tunnel == NULL)
 		abort();
 	upstream_request_sent(x.u);
 	fd = server_end();
@@ -343,7 +374,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	/* Run the loop until the exchange ends. When it waits for more, the
 	 * upstream closes: what it sent is all there is. */
-	while (!x.done && !x.failed) {
+	while (!x.done && !x.failed && !x.switched) {
 		if (x.paused && x.u != NULL) {
 			x.paused = false;
 			upstream_pause_read(x.u, false);	/* drained */
@@ -360,7 +391,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check_stream(x.out, x.flags & F_HEAD, x.status, x.sent);
 		check_replay(&x);
 	}
-	if (x.done && !shut)
+	if (x.switched) {
+		/* the tunnel's first bytes: the end of what the upstream sent */
+		size_t n = evbuffer_get_length(x.tunnel);
+
+		FUZZ_REQUIRE(n <= size - 1);
+		FUZZ_REQUIRE(n == 0 || memcmp(evbuffer_pullup(x.tunnel, -1),
+					      data + size - n, n) == 0);
+	}
+	if (x.done && !shut && !x.switched)
 		pooled_fd = fd;		/* the pool may have kept it */
 	else
 		close(fd);
@@ -369,5 +408,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	evbuffer_free(x.out);
 	evbuffer_free(x.sent);
 	evbuffer_free(x.cap_head);
+	evbuffer_free(x.tunnel);
 	return 0;
 }

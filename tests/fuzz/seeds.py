@@ -149,7 +149,7 @@ def request_seeds():
 
 def response_seeds():
     # flag byte (fuzz_response.c): 1 HEAD, 2 HTTP/1.0 client, 4 pause,
-    # 8 fresh connection, 16 client closes, 32 scoped
+    # 8 fresh connection, 16 client closes, 32 scoped, 64 upgrade asked
     ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\":1}\n"
     chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
                b"Set-Cookie: s=1\r\n\r\n4\r\nabcd\r\n3;x=y\r\nefg\r\n0\r\nT: 1\r\n\r\n")
@@ -171,6 +171,12 @@ def response_seeds():
                             b"X-Hop: 1\r\nKeep-Alive: timeout=5\r\nContent-Length: 3\r\n\r\nerr",
         "short-body": b"\x00HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial",
         "switching": b"\x00HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n",
+        "upgrade-websocket": b"\x40HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                             b"Connection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n\x81\x02hi",
+        "upgrade-no-field": b"\x40HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\r\n",
+        "upgrade-refused": b"\x40HTTP/1.1 426 Upgrade Required\r\nContent-Length: 2\r\n\r\nno",
+        "upgrade-after-continue": b"\x48HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 101 Switching "
+                                  b"Protocols\r\nUpgrade: test\r\n\r\nraw bytes",
         "gzip-te": b"\x00HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nxx",
     }
 
