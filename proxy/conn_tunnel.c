@@ -93,68 +93,63 @@ static bool both_done(struct conn *c)
 	return true;
 }
 
-/* Pass the client's end of stream on once the upstream has its bytes. */
+/* One direction's end of stream, passed on once its sink (`to`, TLS `ssl`)
+ * has written everything. True when the tunnel is done (c is closing). */
+static bool shut_if_flushed(struct conn *c, struct tun_dir *d,
+			    struct bufferevent *to, struct ssl_st *ssl)
+{
+	if (!d->eof || d->shut || evbuffer_get_length(bufferevent_get_output(to)) > 0)
+		return false;
+	d->shut = true;
+	shut_write(to, ssl);
+	return both_done(c);
+}
+
 static bool c2u_shut_if_flushed(struct conn *c)
 {
 	struct tunnel *t = c->tun;
 
-	if (!t->c2u.eof || t->c2u.shut ||
-	    evbuffer_get_length(bufferevent_get_output(t->up)) > 0)
-		return false;
-	t->c2u.shut = true;
-	shut_write(t->up, bufferevent_openssl_get_ssl(t->up));
-	return both_done(c);
+	return shut_if_flushed(c, &t->c2u, t->up, bufferevent_openssl_get_ssl(t->up));
 }
 
 static bool u2c_shut_if_flushed(struct conn *c)
 {
-	struct tunnel *t = c->tun;
-
-	if (!t->u2c.eof || t->u2c.shut ||
-	    evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
-		return false;
-	t->u2c.shut = true;
-	shut_write(c->bev, c->ssl);
-	return both_done(c);
+	return shut_if_flushed(c, &c->tun->u2c, c->bev, c->ssl);
 }
 
-/* Client to upstream: what the client's input holds. */
+/* Move what `from` holds to `to`; stop reading `from` once `to` is full.
+ * Returns the bytes moved. */
+static size_t pump(struct tunnel *t, struct tun_dir *d, struct bufferevent *from,
+		   struct bufferevent *to, enum counter bytes)
+{
+	struct evbuffer *in = bufferevent_get_input(from);
+	struct evbuffer *out = bufferevent_get_output(to);
+	size_t n = evbuffer_get_length(in);
+
+	if (n > 0) {
+		evbuffer_add_buffer(out, in);
+		metrics_count_n(bytes, n);
+		t->last_ms = clock_ms();
+	}
+	if (!d->paused && evbuffer_get_length(out) > CONN_HIGH) {
+		d->paused = true;
+		bufferevent_disable(from, EV_READ);
+	}
+	return n;
+}
+
+/* Client to upstream (bytes_out is counted as the client's output grows,
+ * bytes_in here). */
 static void pump_c2u(struct conn *c)
 {
-	struct tunnel *t = c->tun;
-	struct evbuffer *in = bufferevent_get_input(c->bev);
-	struct evbuffer *out = bufferevent_get_output(t->up);
-	size_t n = evbuffer_get_length(in);
-
-	if (n > 0) {
-		evbuffer_add_buffer(out, in);
-		c->rl.bytes_in += n;
-		metrics_count_n(COUNTER_tunnel_client_bytes_total, n);
-		t->last_ms = clock_ms();
-	}
-	if (!t->c2u.paused && evbuffer_get_length(out) > CONN_HIGH) {
-		t->c2u.paused = true;
-		bufferevent_disable(c->bev, EV_READ);
-	}
+	c->rl.bytes_in += pump(c->tun, &c->tun->c2u, c->bev, c->tun->up,
+			       COUNTER_tunnel_client_bytes_total);
 }
 
-/* Upstream to client (bytes_out is counted as the client's output grows). */
 static void pump_u2c(struct conn *c)
 {
-	struct tunnel *t = c->tun;
-	struct evbuffer *in = bufferevent_get_input(t->up);
-	struct evbuffer *out = bufferevent_get_output(c->bev);
-	size_t n = evbuffer_get_length(in);
-
-	if (n > 0) {
-		evbuffer_add_buffer(out, in);
-		metrics_count_n(COUNTER_tunnel_upstream_bytes_total, n);
-		t->last_ms = clock_ms();
-	}
-	if (!t->u2c.paused && evbuffer_get_length(out) > CONN_HIGH) {
-		t->u2c.paused = true;
-		bufferevent_disable(t->up, EV_READ);
-	}
+	(void)pump(c->tun, &c->tun->u2c, c->tun->up, c->bev,
+		   COUNTER_tunnel_upstream_bytes_total);
 }
 
 static void idle_cb(evutil_socket_t fd, short what, void *arg)
