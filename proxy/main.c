@@ -33,6 +33,7 @@
 #include "otel_export.h"
 #include "store.h"
 #include "store_cache.h"
+#include "store_citus.h"
 #include "store_memory.h"
 #include "store_pg.h"
 #include "units.h"
@@ -303,6 +304,30 @@ static void sweep_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /*
+ * PostgreSQL, one node or a Citus cluster: asked once, here, whether
+ * idempotency_keys is distributed. A database that cannot be asked yet
+ * may be either: the Citus store then, which serves one node as the plain
+ * store does and follows the answer when it comes (store_citus.h).
+ */
+static struct store *open_pg(const struct config *cfg)
+{
+	struct citus_map *m;
+	char err[512];
+
+	m = citus_map_fetch(cfg->store, -1, err, sizeof(err));
+	if (m != NULL && !m->citus) {
+		citus_map_unref(m);
+		return store_pg_new(cfg->store, cfg->store_connections,
+				    cfg->ttl_ms);
+	}
+	if (m == NULL)
+		log_warn("postgres store: cannot ask the store whether it is a "
+			 "Citus cluster yet: %s", err);
+	return store_citus_new(cfg->store, cfg->store_connections, cfg->ttl_ms,
+			       m);
+}
+
+/*
  * The store the configuration asks for: memory, or PostgreSQL with Redis
  * (--redis) and the response cache (--response-cache) in front, the cache
  * kept coherent by PostgreSQL's listeners. NULL after logging why.
@@ -314,7 +339,7 @@ static struct store *open_store(const struct config *cfg)
 
 	if (strcmp(cfg->store, "memory") == 0)
 		return store_memory_new(cfg->memory_max_bytes, NULL);
-	s = pg = store_pg_new(cfg->store, cfg->store_connections, cfg->ttl_ms);
+	s = pg = open_pg(cfg);
 	if (s != NULL && cfg->redis != NULL) {
 		/* the fast path in front of PostgreSQL; takes the inner store */
 		s = cfg->redis_master != NULL ?
@@ -328,7 +353,9 @@ static struct store *open_store(const struct config *cfg)
 	}
 	if (s != NULL && cfg->response_cache > 0) {
 		s = store_cache_new(s, cfg->response_cache);
-		if (s != NULL)
+		if (s != NULL && store_is_citus(pg))
+			store_citus_on_notify(pg, cache_heard, s);
+		else if (s != NULL)
 			store_pg_on_notify(pg, cache_heard, s);
 	}
 	return s;
@@ -516,6 +543,7 @@ static int migrate(int argc, char **argv)
 {
 	const char *store = getenv("IDEMPROXY_STORE");
 	const char *ttl = getenv("IDEMPROXY_TTL");
+	bool distributed = false;
 	uint64_t ttl_ms = 24ULL * 3600 * 1000;
 	char err[512];
 
@@ -528,10 +556,12 @@ static int migrate(int argc, char **argv)
 			ttl = argv[++i];
 		else if (strncmp(argv[i], "--ttl=", 6) == 0)
 			ttl = argv[i] + 6;
+		else if (strcmp(argv[i], "--distributed") == 0)
+			distributed = true;
 		else {
 			fprintf(stderr, "idemproxy migrate: unexpected argument \"%s\" "
 				"(usage: idemproxy migrate --store postgres://... "
-				"[--ttl DUR])\n", argv[i]);
+				"[--ttl DUR] [--distributed])\n", argv[i]);
 			return 2;
 		}
 	}
@@ -545,6 +575,15 @@ static int migrate(int argc, char **argv)
 		fprintf(stderr, "idemproxy migrate: --store must be a postgres:// URL "
 			"(the memory store has no schema)\n");
 		return 2;
+	}
+	if (distributed) {
+		if (citus_migrate(store, ttl_ms, err, sizeof(err)) < 0) {
+			fprintf(stderr, "idemproxy migrate: %s\n", err);
+			return 1;
+		}
+		printf("idemproxy migrate: schema is up to date, "
+		       "idempotency_keys distributed by key\n");
+		return 0;
 	}
 	if (store_pg_migrate(store, ttl_ms, err, sizeof(err)) < 0) {
 		fprintf(stderr, "idemproxy migrate: %s\n", err);

@@ -166,6 +166,15 @@ const char store_pg_claim_sql[] =
 	"  FROM idemproxy_claim6($1, $2, $3, $4, $5, $6, $7, $8, $9)\n"
 	" WHERE NOT EXISTS (SELECT 1 FROM hit)";
 
+/* The claim on a Citus worker: the function alone. Citus plans no
+ * statement that reads a distributed table beside a function call with
+ * parameters; the function reads the record itself (a replay takes the
+ * key's lock there, for as long as its statement runs). */
+const char store_pg_claim_worker_sql[] =
+	"SELECT state, fingerprint, status, headers, body, ttl_left, part_hint,\n"
+	"       rec_owner\n"
+	"  FROM idemproxy_claim6($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
 /*
  * A column that makes an owner's statement (complete, release, extend)
  * and a purge write WAL even when it found no row, so that its commit
@@ -655,9 +664,12 @@ static void pg_sweep(struct store *st, struct event_base *base)
 	struct pg_local *l = pg_local_for(s, base);
 	struct pg_op *o;
 
+	if (s->worker)		/* the coordinator's store keeps them */
+		return;
 	if (s->parts == NULL)	/* this thread keeps the partitions */
 		s->parts = pg_parts_start(s, base);
-	if (l == NULL || l->sweeping || l->up == 0)
+	if (l == NULL || l->sweeping || l->up == 0 ||
+	    atomic_load(&s->no_row_sweep))
 		return;
 	o = pg_op_new(s, base, PG_SWEEP, NULL, NULL, NULL);
 	if (o == NULL)
@@ -750,6 +762,11 @@ static const struct store_ops pg_ops_table = {
 	.free = pg_free,
 };
 
+void store_pg_no_row_sweep(struct store *st)
+{
+	atomic_store(&((struct pg_store *)st)->no_row_sweep, true);
+}
+
 void store_pg_on_notify(struct store *st, store_pg_notify_fn fn, void *arg)
 {
 	struct pg_store *s = (struct pg_store *)st;
@@ -758,14 +775,60 @@ void store_pg_on_notify(struct store *st, store_pg_notify_fn fn, void *arg)
 	s->notify_arg = arg;
 }
 
-struct store *store_pg_new(const char *conninfo, int conns_per_thread,
-			   uint64_t ttl_ms)
+/* A Citus worker's statements: the schema's functions (idemproxy_w_*,
+ * store_pg_schema.c) in place of the statements above, with the same
+ * parameters and columns; no row sweep (a distributed table is always
+ * partitioned: retention drops partitions). */
+static const char w_complete_sql[] =
+	"SELECT * FROM idemproxy_w_complete($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+static const char w_release_sql[] =
+	"SELECT * FROM idemproxy_w_release($1, $2, $3, $4)";
+static const char w_extend_sql[] =
+	"SELECT * FROM idemproxy_w_extend($1, $2, $3, $4, $5)";
+static const char w_purge_sql[] = "SELECT * FROM idemproxy_w_purge($1, $2)";
+static const char w_sweep_sql[] = "SELECT '0'::text, '0'::text";
+
+/*
+ * Citus takes no volatile function in an UPDATE of a distributed table:
+ * a worker's statements read the time as statement_timestamp() (stable:
+ * when the statement arrived, the same instant to within its run) in
+ * place of clock_timestamp(). sql is taken; NULL when out of memory.
+ */
+static char *stable_times(char *sql)
+{
+	static const char from[] = "clock_timestamp()";
+	static const char to[] = "statement_timestamp()";
+	size_t n = 0, len = strlen(sql);
+	char *out, *o;
+	const char *p, *hit;
+
+	for (p = sql; (hit = strstr(p, from)) != NULL; p = hit + sizeof(from) - 1)
+		n++;
+	out = o = malloc(len + n * (sizeof(to) - sizeof(from)) + 1);
+	if (out == NULL) {
+		free(sql);
+		return NULL;
+	}
+	for (p = sql; (hit = strstr(p, from)) != NULL; p = hit + sizeof(from) - 1) {
+		memcpy(o, p, (size_t)(hit - p));
+		o += hit - p;
+		memcpy(o, to, sizeof(to) - 1);
+		o += sizeof(to) - 1;
+	}
+	strcpy(o, p);
+	free(sql);
+	return out;
+}
+
+static struct store *pg_new(const char *conninfo, int conns_per_thread,
+			    uint64_t ttl_ms, bool worker)
 {
 	struct pg_store *s = calloc(1, sizeof(*s));
-	char err[256], *schema;
+	char err[256], ensure[96], *schema;
 
 	if (s == NULL)
 		return NULL;
+	s->worker = worker;
 	s->base.ops = &pg_ops_table;
 	s->meaning = &pg_meaning_table;
 	s->conns_per_thread = conns_per_thread > 0 ? conns_per_thread : 2;
@@ -777,12 +840,24 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 		free(s);
 		return NULL;
 	}
-	schema = store_pg_schema_sql();
-	if (schema == NULL || asprintf(&s->setup_sql, "%s"
-		     "SELECT idemproxy_parts_ensure(%llu);\n"
+	/* a Citus worker's schema and partitions are the coordinator's
+	 * (store_citus.c) */
+	schema = worker ? strdup("") : store_pg_schema_sql();
+	if (worker)
+		ensure[0] = '\0';
+	else
+		snprintf(ensure, sizeof(ensure),
+			 "SELECT idemproxy_parts_ensure(%llu);\n",
+			 (unsigned long long)s->part_width_ms);
+	if (schema == NULL || asprintf(&s->setup_sql, "%s%s"
 		     /* plans prune partitions when they start (PART_SINCE),
-		      * with no planning per statement */
-		     "SET plan_cache_mode = force_generic_plan;\n"
+		      * with no planning per statement; but Citus plans a
+		      * statement on a distributed table only with its
+		      * parameters' values (and prunes shards then) */
+		     "SELECT set_config('plan_cache_mode', CASE WHEN "
+		     "to_regclass('pg_catalog.pg_dist_partition') IS NULL "
+		     "THEN 'force_generic_plan' ELSE 'force_custom_plan' END, "
+		     "false);\n"
 		     /* every statement finds its rows by key (or, in
 		      * retention, by expires_at) through an index; a
 		      * generic plan made while a partition was new and
@@ -812,12 +887,17 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 		     "PREPARE idem_inspect (text, text, boolean) AS %s;\n"
 		     "PREPARE idem_purge (text, text) AS %s;\n"
 		     "PREPARE idem_wake (text[]) AS %s;\n",
-		     schema, (unsigned long long)s->part_width_ms,
-		     store_pg_claim_sql, store_pg_complete_sql,
-		     release_sql, extend_sql, sweep_sql, inspect_sql,
-		     purge_sql, store_pg_wake_sql) < 0)
+		     schema, ensure,
+		     worker ? store_pg_claim_worker_sql : store_pg_claim_sql,
+		     worker ? w_complete_sql : store_pg_complete_sql,
+		     worker ? w_release_sql : release_sql,
+		     worker ? w_extend_sql : extend_sql,
+		     worker ? w_sweep_sql : sweep_sql, inspect_sql,
+		     worker ? w_purge_sql : purge_sql, store_pg_wake_sql) < 0)
 		s->setup_sql = NULL;
 	free(schema);
+	if (worker && s->setup_sql != NULL)
+		s->setup_sql = stable_times(s->setup_sql);
 	s->dns = pg_dns_new(&s->hosts);
 	if (s->conninfo == NULL || s->setup_sql == NULL || s->dns == NULL) {
 		pg_dns_free(s->dns);
@@ -834,7 +914,20 @@ struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 	}
 	pthread_mutex_init(&s->mu, NULL);
 	atomic_init(&s->up, 0);
+	atomic_init(&s->no_row_sweep, false);
 	return &s->base;
+}
+
+struct store *store_pg_new(const char *conninfo, int conns_per_thread,
+			   uint64_t ttl_ms)
+{
+	return pg_new(conninfo, conns_per_thread, ttl_ms, false);
+}
+
+struct store *store_pg_new_worker(const char *conninfo, int conns_per_thread,
+				  uint64_t ttl_ms)
+{
+	return pg_new(conninfo, conns_per_thread, ttl_ms, true);
 }
 
 /* A blocking connection to the primary: each host of conninfo in turn

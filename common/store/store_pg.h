@@ -24,7 +24,17 @@
 struct store *store_pg_new(const char *conninfo, int conns_per_thread,
 			   uint64_t ttl_ms);
 
+/* The same store on a Citus worker (store_citus.c): the statements only;
+ * the schema and retention are the coordinator's. */
+struct store *store_pg_new_worker(const char *conninfo, int conns_per_thread,
+				  uint64_t ttl_ms);
+
 void store_pg_on_notify(struct store *s, store_pg_notify_fn fn, void *arg);
+
+/* Keep the partitions, never sweep rows: a Citus coordinator's store,
+ * whose table is partitioned and whose row sweep Citus cannot plan (a
+ * scan of every shard FOR UPDATE). Thread-safe. */
+void store_pg_no_row_sweep(struct store *s);
 
 /*
  * Create or upgrade the schema with a blocking connection: for
@@ -38,6 +48,7 @@ int store_pg_migrate(const char *conninfo, uint64_t ttl_ms, char *err,
 /* The SQL the store issues, for docs and benchmarks (pgbench); the
  * schema's is store_pg_schema_sql() (store_pg_schema.h). */
 extern const char store_pg_claim_sql[];
+extern const char store_pg_claim_worker_sql[];
 extern const char store_pg_complete_sql[];
 
 #endif

@@ -8,6 +8,8 @@
  *              STEP: for each partition, alone on the connection
  *                detach:   ALTER TABLE ... DETACH PARTITION p CONCURRENTLY
  *                finalize: ALTER TABLE ... DETACH PARTITION p FINALIZE
+ *                detach_now (Citus): ALTER TABLE ... DETACH PARTITION p,
+ *                          under a statement timeout (add_citus_steps)
  *                then:     DROP TABLE p; forget it
  *                                         │
  *                                         ▼ IDLE until the next tick
@@ -28,6 +30,7 @@
  */
 #include "store_pg_parts.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +45,8 @@
 #define PARTS_TICK_MAX_MS 10000
 #define PARTS_STEPS_MAX 32		/* partitions dropped in one round */
 #define PARTS_LOCK_MS 5000		/* the longest a step waits */
+#define PARTS_CITUS_DETACH_MS 1000	/* the longest a Citus detach
+					 * holds claims up */
 #define PARTS_STMT_MS 30000		/* a plan or step still running then:
 					 * the server cannot commit */
 
@@ -142,14 +147,15 @@ static void pp_send(struct pg_parts *p, const char *sql)
 
 static void pp_plan(struct pg_parts *p)
 {
-	char sql[160];
+	char sql[192];
 
 	/* lock_timeout bounds a detach's wait for old queries too: one
 	 * still running (a pg_dump) leaves the partition pending, to be
 	 * finished later, instead of holding the table's SHARE UPDATE
 	 * EXCLUSIVE lock - which creating the next partitions needs */
-	snprintf(sql, sizeof(sql), "SET lock_timeout = '%d'; SELECT action, "
-		 "part, n FROM idemproxy_parts_plan(%llu)", PARTS_LOCK_MS,
+	snprintf(sql, sizeof(sql), "SET lock_timeout = '%d'; SET "
+		 "statement_timeout = 0; SELECT action, part, n FROM "
+		 "idemproxy_parts_plan(%llu)", PARTS_LOCK_MS,
 		 (unsigned long long)p->s->part_width_ms);
 	p->state = PP_PLAN;
 	p->nsteps = 0;
@@ -159,19 +165,64 @@ static void pp_plan(struct pg_parts *p)
 
 /* The steps that take partition `part` away ("detach" or "finalize"
  * first, or only "drop": it was detached already). */
+/* One more step (drops: the last of its partition's). */
+static void add_step(struct pg_parts *p, const char *part, bool drops,
+		     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void add_step(struct pg_parts *p, const char *part, bool drops,
+		     const char *fmt, ...)
+{
+	struct pp_step *st = &p->steps[p->nsteps++];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(st->sql, sizeof(st->sql), fmt, ap);
+	va_end(ap);
+	snprintf(st->part, sizeof(st->part), "%s", part);
+	st->drops = drops;
+}
+
+/*
+ * A Citus coordinator's steps ("detach_now"): Citus has no DETACH ...
+ * CONCURRENTLY, and sends a DDL statement's text to the workers as it
+ * came, so each goes alone. The detach takes the shards' tables ACCESS
+ * EXCLUSIVE on every worker, where claims queue behind it: a statement
+ * timeout of its own (the workers' waits end with the coordinator's)
+ * bounds that to PARTS_CITUS_DETACH_MS, once a partition. The plan resets
+ * it (pp_plan).
+ */
+static void add_citus_steps(struct pg_parts *p, const char *part,
+			    const char *id, const char *lit)
+{
+	add_step(p, part, false, "SET statement_timeout = %d",
+		 PARTS_CITUS_DETACH_MS);
+	add_step(p, part, false, "ALTER TABLE idempotency_keys DETACH "
+		 "PARTITION %s", id);
+	add_step(p, part, false, "SET statement_timeout = 0");
+	add_step(p, part, false, "DROP TABLE IF EXISTS %s", id);
+	add_step(p, part, true, "DELETE FROM idempotency_keys_parts WHERE "
+		 "name = %s", lit);
+}
+
 static void add_steps(struct pg_parts *p, const char *action,
 		      const char *part)
 {
 	char *id, *lit;
 	struct pp_step *st;
 
-	if (p->nsteps + 2 > (int)(sizeof(p->steps) / sizeof(p->steps[0])) ||
+	if (p->nsteps + 5 > (int)(sizeof(p->steps) / sizeof(p->steps[0])) ||
 	    strncmp(part, "idempotency_keys_", 17) != 0 ||
 	    strlen(part) >= sizeof(st->part))
 		return;
 	id = PQescapeIdentifier(p->pg, part, strlen(part));
 	lit = PQescapeLiteral(p->pg, part, strlen(part));
 	if (id == NULL || lit == NULL) {
+		PQfreemem(id);
+		PQfreemem(lit);
+		return;
+	}
+	if (strcmp(action, "detach_now") == 0) {
+		add_citus_steps(p, part, id, lit);
 		PQfreemem(id);
 		PQfreemem(lit);
 		return;
@@ -218,8 +269,14 @@ static void pp_next(struct pg_parts *p)
 			metrics_count(COUNTER_sweep_partitions_dropped_total);
 			log_info("postgres store: partition %s dropped", st->part);
 		}
-		/* a failed detach skips its drop: the next plan says again */
-		p->at += p->step_failed && !st->drops ? 2 : 1;
+		/* a failed detach skips the rest of its partition's steps:
+		 * the next plan says again */
+		p->at++;
+		if (p->step_failed && !st->drops) {
+			while (p->at < p->nsteps && !p->steps[p->at].drops)
+				p->at++;
+			p->at++;
+		}
 	}
 	p->step_failed = false;
 	p->forgot = false;

@@ -169,6 +169,10 @@ struct pg_store {
 	_Atomic uint64_t slow_at[PG_HOSTS_MAX];	/* ms a statement there last
 					 * timed out; 0: a batch committed since */
 	char *setup_sql;		/* schema + PREPAREs */
+	bool worker;			/* a Citus worker's: no schema, no
+					 * retention (store_citus.c) */
+	atomic_bool no_row_sweep;	/* a Citus coordinator's: partitions
+					 * only (store_pg_no_row_sweep) */
 	int conns_per_thread;
 	atomic_int up;			/* connections up, all threads */
 	atomic_bool down_logged;

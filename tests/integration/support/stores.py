@@ -30,7 +30,7 @@ class PgServer:
     postgres user through runuser, from cwd /; clients connect over TCP
     with trust auth as user postgres."""
 
-    def __init__(self):
+    def __init__(self, extra_conf=""):
         self.base = tempfile.mkdtemp(prefix="ipg", dir="/tmp")   # short
         self.data = os.path.join(self.base, "d")
         self.sock = os.path.join(self.base, "s")
@@ -59,7 +59,8 @@ class PgServer:
                     # immediate stop loses no committed claim
                     "fsync = off\n"
                     "full_page_writes = off\n"
-                    "log_min_messages = warning\nlog_checkpoints = off\n")
+                    "log_min_messages = warning\nlog_checkpoints = off\n"
+                    + extra_conf)
         self.start()
 
     def _run(self, argv, timeout=60, check=True):

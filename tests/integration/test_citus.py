@@ -1,0 +1,363 @@
+"""idemproxy on Citus (issue 47): a coordinator and two workers, each a
+private PostgreSQL 15 with Citus 13.2 (support/citus.py; Citus is built
+from its tarball by deploy/build-citus.sh when it is not installed, and a
+machine that cannot build it fails these tests rather than skipping them).
+
+`idemproxy migrate --distributed` distributes the table by key; the
+instances, pointed at the coordinator, send each key's statements straight
+to the worker that holds its shard (common/store/store_citus.c). A claim
+sent to the wrong node is refused there (SQLSTATE IP001), so every test
+that gets its answers also shows that routing is right.
+"""
+import itertools
+import subprocess
+import threading
+import time
+
+import pytest
+
+from support.citus import CitusCluster
+from support.http import assert_problem, upstream_echo
+from support.procs import (IDEMPROXY_BIN, clean_env, metric_value, readyz,
+                           wait_readyz)
+from test_idempotency import (ORDER, assert_identical, assert_one_original,
+                              executions, kreq, newkey, post, replayed)
+from test_postgres import burst_split, migrate
+
+
+@pytest.fixture(scope="module")
+def citus():
+    c = CitusCluster(workers=2)
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+_numbers = itertools.count(1)
+_to_drop = []
+
+
+class CitusDb:
+    def __init__(self, cluster, name, url):
+        self.cluster = cluster
+        self.name = name
+        self.url = url
+
+    def psql(self, sql, node=None, **kw):
+        node = node if node is not None else self.cluster.coordinator
+        return node.psql(sql, db=self.name, **kw)
+
+    def worker_of(self, key):
+        """The port of the worker whose shard holds key."""
+        return int(self.psql(
+            "select n.nodeport from pg_dist_placement p join pg_dist_node n "
+            "using (groupid) where p.shardid = "
+            "get_shard_id_for_distribution_column('idempotency_keys', "
+            f"'{key}')"))
+
+    def rows_by_worker(self):
+        out = self.psql(
+            "select n.nodeport, count(*) from idempotency_keys k "
+            "join pg_dist_placement p on p.shardid = "
+            "get_shard_id_for_distribution_column('idempotency_keys', k.key) "
+            "join pg_dist_node n using (groupid) group by 1")
+        got = {}
+        for line in out.splitlines():
+            port, n = line.split("|")
+            got[int(port)] = int(n)
+        return got
+
+
+def fresh_db(citus, *migrate_flags):
+    """A fresh database on every node, the table distributed by
+    `idemproxy migrate --distributed`. Dropped when the next test asks for
+    one (by then every proxy that used it has stopped)."""
+    for n in citus.nodes:
+        n.ensure_running()
+    while _to_drop:
+        citus.drop_db(_to_drop.pop())
+    name = f"c_{next(_numbers)}"
+    url = citus.create_db(name)
+    _to_drop.append(name)
+    r = migrate(url, "--distributed", *migrate_flags)
+    assert r.returncode == 0, r.stderr
+    return CitusDb(citus, name, url)
+
+
+@pytest.fixture
+def cdb(citus):
+    return fresh_db(citus)
+
+
+@pytest.fixture
+def cdb_short(citus):
+    """The table made for --ttl 1s: 2 s partitions from the start."""
+    return fresh_db(citus, "--ttl", "1s")
+
+
+def keys_on_each_worker(db, prefix, per_worker):
+    """per_worker keys for each worker, by asking the coordinator."""
+    want = {w.port: [] for w in db.cluster.workers}
+    i = 0
+    while any(len(v) < per_worker for v in want.values()):
+        k = f"{prefix}-{i}"
+        i += 1
+        port = db.worker_of(k)
+        if len(want[port]) < per_worker:
+            want[port].append(k)
+    return want
+
+
+def start(make_proxy, db, *flags, **kw):
+    p = make_proxy("--store", db.url, *flags, **kw)
+    wait_readyz(p)
+    return p
+
+
+def test_migrate_distributed_refused_on_plain_postgres(pg_db):
+    r = migrate(pg_db.url, "--distributed")
+    assert r.returncode == 1, r
+    assert b"needs a Citus coordinator" in r.stderr, r.stderr
+    assert not pg_db.table_exists()
+
+
+def test_migrate_distributed_is_idempotent(cdb):
+    assert cdb.psql("select partmethod from pg_dist_partition where "
+                    "logicalrelid = 'idempotency_keys'::regclass") == "h"
+    assert cdb.psql("select partmethod from pg_dist_partition where "
+                    "logicalrelid = 'idempotency_keys_parts'::regclass") == "n"
+    # the claim delegated by its key, colocated with the table
+    assert cdb.psql(
+        "select distribution_argument_index from pg_dist_object where objid "
+        "= to_regprocedure('idemproxy_claim6(text,text,bytea,text,bigint,"
+        "bigint,bigint,boolean,boolean)')") == "1"
+    r = migrate(cdb.url, "--distributed")
+    assert r.returncode == 0, r.stderr
+    assert b"distributed by key" in r.stdout
+
+
+def test_migrate_distributed_refused_on_a_worker(cdb):
+    w = cdb.cluster.workers[0]
+    r = migrate(w.url(cdb.name), "--distributed")
+    assert r.returncode == 1
+    assert b"coordinator" in r.stderr, r.stderr
+
+
+def test_e1_e2_e3_through_two_instances(make_proxy, cdb, stub):
+    a = start(make_proxy, cdb, name="a", workers=2)
+    b = start(make_proxy, cdb, name="b", workers=2)
+    keys = keys_on_each_worker(cdb, newkey("e"), 3)
+    n = 0
+    # E1: 8 concurrent clicks, split over the instances, for keys on
+    # both workers
+    for port, ks in keys.items():
+        for k in ks:
+            rs = burst_split([a.port, b.port], 8,
+                             kreq("POST", "/orders?delay_ms=50", k, ORDER))
+            n += 1
+            assert all(r.status == 200 for r in rs), [r.status for r in rs]
+            assert_identical(rs)
+            assert_one_original(rs)
+            assert executions(stub) == n
+    # E2: a callback redelivered 5 times, alternately to each instance
+    body = b"out_trade_no=T1&trade_status=SUCCESS&total_amount=100.00"
+    for port, ks in keys.items():
+        k = ks[0] + "-cb"
+        rs = [post((a, b)[i % 2].port, k, "/pay/callback", body)
+              for i in range(5)]
+        n += 1
+        assert executions(stub) == n
+        assert_identical(rs)
+        assert not replayed(rs[0]) and all(replayed(r) for r in rs[1:])
+    # E3: 100 retries, then the key with another body
+    k = keys[cdb.cluster.workers[1].port][1] + "-e3"
+    rs = [post((a, b)[i % 2].port, k) for i in range(100)]
+    n += 1
+    assert executions(stub) == n
+    assert_identical(rs)
+    assert sum(replayed(r) for r in rs) == 99
+    r = post(b.port, k, body=b'{"item":"book","amount":999}')
+    assert_problem(r, 422, "idempotency-key-mismatch")
+    assert executions(stub) == n
+    # the rows are on both workers, each where Citus says it belongs
+    by = cdb.rows_by_worker()
+    assert set(by) == {w.port for w in cdb.cluster.workers}, by
+    assert sum(by.values()) == n
+    for p in (a, b):
+        assert "IP001" not in p.log() and "not on this node" not in p.log()
+
+
+def test_many_keys_spread_and_routed(make_proxy, cdb, stub):
+    """200 keys, each claimed once: none refused as misplaced (the proxy's
+    hash of the key is Citus' own), both workers used."""
+    p = start(make_proxy, cdb, workers=2)
+    ks = [newkey("spread") for _ in range(200)]
+    for k in ks:
+        r = post(p.port, k)
+        assert r.status == 200, r
+    assert executions(stub) == 200
+    by = cdb.rows_by_worker()
+    assert len(by) == 2 and min(by.values()) > 40, by
+    for k in ks[:20]:
+        assert replayed(post(p.port, k))
+    assert executions(stub) == 200
+
+
+def run_keys(*args, timeout=30):
+    r = subprocess.run([IDEMPROXY_BIN, "keys", *args], capture_output=True,
+                       text=True, timeout=timeout, env=clean_env())
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_purge_heard_by_every_instance(make_proxy, cdb, stub):
+    """Both instances replay from their response cache; `idemproxy keys
+    delete` purges the record on its worker, whose NOTIFY both hear: the
+    key executes again, once."""
+    a = start(make_proxy, cdb, "--response-cache", "4MiB", name="a")
+    b = start(make_proxy, cdb, "--response-cache", "4MiB", name="b")
+    for w in cdb.cluster.workers:
+        deadline = time.monotonic() + 10
+        while int(cdb.psql("select count(*) from pg_stat_activity where "
+                           "datname = current_database() and query like "
+                           "'%AS idemproxy_listener'", node=w)) < 2:
+            assert time.monotonic() < deadline, f"no listeners on {w.port}"
+            time.sleep(0.05)
+    keys = keys_on_each_worker(cdb, newkey("pu"), 1)
+    for ks in keys.values():
+        k = ks[0]
+        first = post(a.port, k)
+        assert first.status == 200
+        for p in (a, b, a, b):
+            r = post(p.port, k)
+            assert replayed(r) and r.body == first.body
+    before = executions(stub)
+    for ks in keys.values():
+        rc, out, err = run_keys("delete", ks[0], "--store", cdb.url)
+        assert rc == 0, err
+    time.sleep(0.5)
+    for ks in keys.values():
+        ra = post(a.port, ks[0])
+        rb = post(b.port, ks[0])
+        assert ra.status == 200 and not replayed(ra), ra
+        assert replayed(rb) and rb.body == ra.body
+    assert executions(stub) == before + 2
+
+
+def test_inspect_through_the_cli(make_proxy, cdb, stub):
+    p = start(make_proxy, cdb)
+    keys = keys_on_each_worker(cdb, newkey("in"), 1)
+    for ks in keys.values():
+        assert post(p.port, ks[0]).status == 200
+        rc, out, err = run_keys("get", ks[0], "--store", cdb.url)
+        assert rc == 0, err
+        assert '"completed"' in out
+
+
+def test_worker_killed_mid_burst(spawn_proxy, cdb, stub):
+    """A worker crashes while requests for keys on both workers are under
+    way: no key executes twice; keys of the healthy worker keep working
+    while it is down; once it is back every key is answered."""
+    a = start(spawn_proxy, cdb, name="a", workers=2)
+    b = start(spawn_proxy, cdb, name="b", workers=2)
+    victim, healthy = cdb.cluster.workers
+    keys = keys_on_each_worker(cdb, newkey("kill"), 40)
+    during = keys_on_each_worker(cdb, newkey("during"), 5)[healthy.port]
+    order = [k for pair in zip(keys[victim.port], keys[healthy.port])
+             for k in pair]
+    got = {}
+
+    def client(ks, port):
+        for k in ks:
+            try:
+                got[k] = post(port, k, "/orders?delay_ms=100", timeout=30)
+            except OSError as e:
+                got[k] = e
+
+    ts = [threading.Thread(target=client, args=(order[i::4],
+                                                (a, b)[i % 2].port))
+          for i in range(4)]
+    for t in ts:
+        t.start()
+    time.sleep(0.5)
+    victim.crash()
+    for t in ts:
+        t.join(120)
+    # new keys of the healthy worker: answered while the other is down
+    for k in during:
+        r = post(a.port, k)
+        assert r.status == 200 and not replayed(r), r
+    assert readyz(a) == 200, "one worker down: ready (the other's keys work)"
+    victim.start()
+    deadline = time.monotonic() + 30
+    for k in order:
+        while True:
+            r = post((a, b)[hash(k) % 2].port, k, "/orders?delay_ms=100")
+            if r.status in (200, 502, 409) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status in (200, 502), (k, r)
+    counts = stub.stats()["keys"]
+    twice = {k: n for k, n in counts.items() if n > 1}
+    assert not twice, twice
+    for k in keys[healthy.port]:
+        assert counts.get(k) == 1, k
+
+
+def test_coordinator_down_keys_still_served(make_proxy, cdb, stub):
+    """The coordinator only says where the shards are: while it is down
+    the instances route by its last answer."""
+    p = start(make_proxy, cdb, workers=2)
+    keys = keys_on_each_worker(cdb, newkey("co"), 2)
+    cdb.cluster.coordinator.stop()
+    try:
+        for ks in keys.values():
+            for k in ks:
+                r = post(p.port, k)
+                assert r.status == 200 and not replayed(r), r
+                assert replayed(post(p.port, k))
+        assert readyz(p) == 200
+    finally:
+        cdb.cluster.coordinator.start()
+    assert executions(stub) == 4
+
+
+def test_partitions_dropped_on_every_worker(make_proxy, cdb_short, stub):
+    """Retention on Citus: 2 s partitions (--ttl 1s) are made ahead on the
+    coordinator, distributed to both workers, and dropped there once past
+    and empty; a key stays answered across the partition boundaries."""
+    db = cdb_short
+    a = start(make_proxy, db, "--ttl", "1s", name="a")
+    b = start(make_proxy, db, "--ttl", "1s", name="b")
+    first = db.psql("select name from idempotency_keys_parts order by lo "
+                    "limit 1")
+    for w in db.cluster.workers:
+        assert int(db.psql("select count(*) from pg_class where relname "
+                           f"like '{first}%'", node=w)) > 0, \
+            "the partition's shards are on every worker"
+    deadline = time.monotonic() + 40
+    n = 0
+    while True:
+        k = newkey("ret")
+        r = post((a, b)[n % 2].port, k)
+        assert r.status == 200 and not replayed(r), r
+        assert replayed(post((a, b)[(n + 1) % 2].port, k))
+        n += 1
+        gone = db.psql(f"select count(*) from idempotency_keys_parts where "
+                       f"name = '{first}'") == "0"
+        if gone:
+            break
+        assert time.monotonic() < deadline, "the first partition stayed"
+        time.sleep(0.2)
+    assert executions(stub) == n
+    for node in db.cluster.nodes:
+        assert db.psql("select count(*) from pg_class where relname like "
+                       f"'{first}%'", node=node) == "0", node.port
+    left = db.psql("select count(*) from idempotency_keys_parts")
+    assert 0 < int(left) < 12, left
+    dropped = sum(metric_value(p.metrics(),
+                               "idemproxy_sweep_partitions_dropped_total") or 0
+                  for p in (a, b))
+    assert dropped >= 1
+    for p in (a, b):
+        assert "partition maintenance" not in p.log(), p.log()
