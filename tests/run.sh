@@ -37,6 +37,10 @@ meson test -C "$BUILD" --print-errorlogs --num-processes 2 || status=$?
 # own PASS/FAIL and a failing run keeps its history (path printed).
 IDEMPROXY_BIN="$(cd "$BUILD" && pwd)/proxy/idemproxy" tests/soak/run.sh 60 ||
   status=1
+# The same against Citus (a coordinator and two workers, docs/scale.md):
+# each PostgreSQL fault hits one of the three nodes.
+SOAK_ARGS=--citus IDEMPROXY_BIN="$(cd "$BUILD" && pwd)/proxy/idemproxy" \
+  tests/soak/run.sh 60 || status=1
 
 # The soak again on the release build, the binary users run: it links
 # jemalloc, which a sanitized build cannot (docs/architecture.md "Memory:

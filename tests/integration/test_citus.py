@@ -22,6 +22,7 @@ from support.procs import (IDEMPROXY_BIN, clean_env, metric_value, readyz,
                            wait_readyz)
 from test_idempotency import (ORDER, assert_identical, assert_one_original,
                               executions, kreq, newkey, post, replayed)
+from test_keys import TOKEN, admin
 from test_postgres import burst_split, migrate
 
 
@@ -254,6 +255,36 @@ def test_inspect_through_the_cli(make_proxy, cdb, stub):
         assert '"completed"' in out
 
 
+def test_admin_api_many_times_on_one_connection(make_proxy, cdb, stub,
+                                                tmp_path):
+    """GET and DELETE /keys/{key} a dozen times each through one worker
+    thread: past the executions after which PostgreSQL may switch a
+    prepared statement to a generic plan, which Citus must still run."""
+    tok = tmp_path / "admin.token"
+    tok.write_text(TOKEN + "\n")
+    tok.chmod(0o600)
+    p = start(make_proxy, cdb, "--admin-token-file", str(tok), workers=1)
+    keys = keys_on_each_worker(cdb, newkey("adm"), 12)
+    for ks in keys.values():
+        for k in ks:
+            assert post(p.port, k).status == 200
+            deadline = time.monotonic() + 5
+            while True:     # the completion is written after the answer
+                st, _, doc = admin(p, "GET", k, token=TOKEN)
+                assert st == 200, doc
+                if doc["state"] == "completed":
+                    break
+                assert time.monotonic() < deadline, doc
+                time.sleep(0.02)
+        for k in ks:
+            st, _, doc = admin(p, "DELETE", k, token=TOKEN)
+            assert st == 200, doc
+            st, _, _ = admin(p, "GET", k, token=TOKEN)
+            assert st == 404
+    assert executions(stub) == 24
+    assert cdb.rows_by_worker() == {}
+
+
 def test_worker_killed_mid_burst(spawn_proxy, cdb, stub):
     """A worker crashes while requests for keys on both workers are under
     way: no key executes twice; keys of the healthy worker keep working
@@ -361,3 +392,41 @@ def test_partitions_dropped_on_every_worker(make_proxy, cdb_short, stub):
     assert dropped >= 1
     for p in (a, b):
         assert "partition maintenance" not in p.log(), p.log()
+
+
+def test_worker_frozen(make_proxy, cdb, stub):
+    """A worker that stops answering (SIGSTOP: connections open, nothing
+    answers): the other worker's keys are served at once all along; the
+    frozen one's get 503, none executes twice, and they work once it is
+    back."""
+    p = start(make_proxy, cdb, workers=2)
+    frozen, healthy = cdb.cluster.workers
+    keys = keys_on_each_worker(cdb, newkey("fz"), 6)
+    for k in keys[frozen.port][:2] + keys[healthy.port][:2]:
+        assert post(p.port, k).status == 200
+    frozen.pause()
+    try:
+        for k in keys[healthy.port][2:]:
+            t0 = time.monotonic()
+            r = post(p.port, k)
+            assert r.status == 200 and not replayed(r), r
+            # (a hold-up would last the 5 s statement timeout)
+            assert time.monotonic() - t0 < 4.0, "held up by the frozen worker"
+        r = post(p.port, keys[frozen.port][2], timeout=30)
+        assert r.status == 503, r
+        assert readyz(p) == 200
+    finally:
+        frozen.resume()
+    deadline = time.monotonic() + 30
+    for k in keys[frozen.port][2:]:
+        while True:
+            r = post(p.port, k)
+            if r.status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status == 200, r
+    for k in keys[frozen.port][:2]:
+        assert replayed(post(p.port, k))
+    counts = stub.stats()["keys"]
+    assert all(n == 1 for n in counts.values()), counts
+    assert len(counts) == 12

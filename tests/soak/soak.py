@@ -2,14 +2,16 @@
 """A soak of idemproxy with a history checker (issue 11, "Keep it hardened").
 
     soak.py [--duration 60] [--seed N] [--instances 3] [--clients 8]
-            [--faults KIND,...] [--no-redis] [--pgbouncer] [--keep]
-            [--negative-control] [--lenient]
+            [--faults KIND,...] [--no-redis] [--pgbouncer] [--citus]
+            [--keep] [--negative-control] [--lenient]
 
 Starts, all on 127.0.0.1 with free ports, in a temp dir:
   - a private PostgreSQL 15 and a Redis (tests/integration/support/stores.py;
     --no-redis: PostgreSQL alone, and no Redis faults; --pgbouncer: the
     instances reach it through a pgbouncer in session mode, which the
-    faults also SIGKILL and SIGSTOP)
+    faults also SIGKILL and SIGSTOP; --citus: a Citus coordinator and two
+    workers instead, the table distributed, each PostgreSQL fault on one
+    node of the three)
   - the recording upstream (upstream.py): one line per execution
   - N idemproxy instances (IDEMPROXY_BIN, default build-test/proxy/idemproxy)
     sharing the PostgreSQL database and the Redis, with a short --lease (3s),
@@ -79,6 +81,7 @@ sys.path.insert(0, HERE)
 from support.http import RawConn, build_request, http_get  # noqa: E402
 from support.procs import (clean_env, free_port,  # noqa: E402
                            metric_value, read_text, sanitizer_report)
+from support.citus import CitusCluster  # noqa: E402
 from support.stores import Bouncer, PgServer, RedisServer  # noqa: E402
 
 import check  # noqa: E402
@@ -485,10 +488,11 @@ REDIS_PAUSE_S = 3.0
 BOUNCER_POOL = 60       # server connections: every instance's, and spare
 
 
-def schedule(duration, n_instances, rng, kinds=FAULT_CYCLE):
+def schedule(duration, n_instances, rng, kinds=FAULT_CYCLE, n_nodes=1):
     """[(offset s, kind, instance index or None)]: every fault kind once per
     cycle in a shuffled order, one every FAULT_INTERVAL_S, the last one
-    over well before the end."""
+    over well before the end. With n_nodes > 1 (--citus) a PostgreSQL
+    fault's index is the node's (0: the coordinator)."""
     out = []
     t = WARMUP_S
     cycle = []
@@ -499,17 +503,20 @@ def schedule(duration, n_instances, rng, kinds=FAULT_CYCLE):
         kind = cycle.pop()
         inst = rng.randrange(n_instances) if kind in ("kill", "stop") \
             else None
+        if kind.startswith("pg-") and n_nodes > 1:
+            inst = rng.randrange(n_nodes)
         out.append((round(t, 2), kind, inst))
         t += FAULT_INTERVAL_S
     return out
 
 
 class Faults(threading.Thread):
-    def __init__(self, soak, plan, pg, redis, bouncer, t_start):
+    def __init__(self, soak, plan, pg, redis, bouncer, t_start, nodes=None):
         super().__init__(name="faults", daemon=True)
         self.soak = soak
         self.plan = plan
         self.pg = pg
+        self.nodes = nodes or [pg]      # --citus: coordinator, workers
         self.redis = redis
         self.bouncer = bouncer
         self.t_start = t_start
@@ -539,8 +546,11 @@ class Faults(threading.Thread):
 
     def inject(self, kind, idx):
         s = self.soak
-        inst = s.instances[idx] if idx is not None else None
-        name = inst.name if inst else None
+        on_node = kind.startswith("pg-")
+        inst = s.instances[idx] if idx is not None and not on_node else None
+        node = self.nodes[idx] if on_node and idx is not None else self.pg
+        name = inst.name if inst else \
+            f"node{idx}" if on_node and idx is not None else None
         t = time.time()
         if kind == "kill":
             s.available[idx] = False
@@ -556,16 +566,16 @@ class Faults(threading.Thread):
             inst.cont()
             s.available[idx] = True
         elif kind in ("pg-immediate", "pg-fast", "pg-long"):
-            self.pg.stop("fast" if kind == "pg-fast" else "immediate")
+            node.stop("fast" if kind == "pg-fast" else "immediate")
             time.sleep(LEASE_S + 1.0 if kind == "pg-long" else
                        0.5 if kind == "pg-fast" else 1.0)
-            self.pg.start()
+            node.start()
         elif kind == "pg-terminate":
-            n = self.pg.psql(
+            n = node.psql(
                 "select count(pg_terminate_backend(pid)) from "
                 "pg_stat_activity where datname = 'soak' "
                 "and pid <> pg_backend_pid()")
-            self.note(kind, None, t, time.time(), backends=int(n or 0))
+            self.note(kind, name, t, time.time(), backends=int(n or 0))
             return
         elif kind == "redis-kill":
             self.redis.kill()
@@ -578,7 +588,7 @@ class Faults(threading.Thread):
             time.sleep(1.0)
             self.bouncer.start()
         elif kind in ("pg-pause", "redis-pause", "bouncer-pause"):
-            server = {"pg-pause": self.pg, "redis-pause": self.redis,
+            server = {"pg-pause": node, "redis-pause": self.redis,
                       "bouncer-pause": self.bouncer}[kind]
             server.pause()
             try:
@@ -639,7 +649,8 @@ def run(args):
             log(f"--faults: unknown fault {k!r}{why}; known: "
                 f"{','.join(cycle)}")
             return 2
-    plan = schedule(args.duration, args.instances, rng, kinds)
+    plan = schedule(args.duration, args.instances, rng, kinds,
+                    3 if args.citus else 1)
     workdir = tempfile.mkdtemp(prefix="idemproxy-soak-", dir="/tmp")
     rules = "lenient (--unknown-outcome release)" if args.lenient else \
         "strict"
@@ -647,7 +658,8 @@ def run(args):
         f"{args.clients} clients, lease {LEASE_S:g}s, upstream timeout "
         f"{UPSTREAM_TIMEOUT_S:g}s, ttl {TTL_S:g}s, "
         f"{'PostgreSQL only' if args.no_redis else 'PostgreSQL + Redis'}"
-        f"{' behind pgbouncer' if args.pgbouncer else ''}; "
+        f"{' behind pgbouncer' if args.pgbouncer else ''}"
+        f"{' on Citus (a coordinator, 2 workers)' if args.citus else ''}; "
         f"{rules} rules, release statuses "
         f"{','.join(map(str, RELEASE_STATUSES))}; history in {workdir}")
     log("fault schedule: " + ", ".join(
@@ -655,6 +667,7 @@ def run(args):
     extra = ([f"--faults={args.faults}"] if args.faults else []) + \
         (["--no-redis"] if args.no_redis else []) + \
         (["--pgbouncer"] if args.pgbouncer else []) + \
+        (["--citus"] if args.citus else []) + \
         (["--lenient"] if args.lenient else [])
     env = f"SOAK_ARGS='{' '.join(extra)}' " if extra else ""
     log(f"reproduce: {env}tests/soak/run.sh {args.duration:g} {seed}")
@@ -664,6 +677,7 @@ def run(args):
               "ttl_s": TTL_S, "wait_timeout_s": WAIT_TIMEOUT_S,
               "slots": SLOTS, "negative_control": args.negative_control,
               "redis": not args.no_redis, "pgbouncer": args.pgbouncer,
+              "citus": args.citus,
               "binary": IDEMPROXY_BIN, "faults": list(kinds),
               "plan": plan, "release_statuses": list(RELEASE_STATUSES),
               "lenient": args.lenient,
@@ -671,13 +685,28 @@ def run(args):
     with open(os.path.join(workdir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
 
-    pg = redis = up = bouncer = None
+    pg = redis = up = bouncer = cluster = None
+    nodes = None
     metrics = {}
     soak = Soak(args, workdir)
     problems = []
     try:
-        pg = PgServer()
-        pg.psql("create database soak")
+        if args.citus:
+            # the coordinator is `pg` (the store dump, the URL); PostgreSQL
+            # faults hit any node
+            cluster = CitusCluster(workers=2)
+            pg = cluster.coordinator
+            nodes = cluster.nodes
+            r = subprocess.run([IDEMPROXY_BIN, "migrate", "--store",
+                                cluster.create_db("soak"), "--distributed",
+                                "--ttl", f"{TTL_S:g}s"],
+                               capture_output=True, text=True, timeout=120,
+                               env=clean_env())
+            if r.returncode != 0:
+                raise RuntimeError(f"migrate --distributed: {r.stderr}")
+        else:
+            pg = PgServer()
+            pg.psql("create database soak")
         if args.pgbouncer:
             bouncer = Bouncer(pg, "session", BOUNCER_POOL)
         if not args.no_redis:
@@ -715,7 +744,7 @@ def run(args):
         clients = [Client(soak, n, seed * 1000 + n)
                    for n in range(args.clients)]
         faults = Faults(soak, [] if args.negative_control else plan,
-                        pg, redis, bouncer, t_start)
+                        pg, redis, bouncer, t_start, nodes)
         for c in clients:
             c.start()
         faults.start()
@@ -751,7 +780,8 @@ def run(args):
             time.sleep(0.1)
         time.sleep(1.0)     # settlements of the last executions
         if not args.negative_control:
-            pg.ensure_running()
+            for n in nodes or [pg]:
+                n.ensure_running()
             rows = pg.psql(STORE_DUMP, db="soak")
             with open(os.path.join(workdir, "store.jsonl"), "w") as f:
                 f.write(rows + ("\n" if rows else ""))
@@ -790,10 +820,15 @@ def run(args):
             bouncer.shutdown()
         if pg is not None:
             try:        # kept with the history (a failing run's evidence)
-                shutil.copy(pg.log_path, os.path.join(workdir, "pg.log"))
+                for i, n in enumerate(nodes or [pg]):
+                    shutil.copy(n.log_path, os.path.join(
+                        workdir, f"pg{i if nodes else ''}.log"))
             except OSError:
                 pass
-            pg.shutdown()
+            if cluster is not None:
+                cluster.shutdown()
+            else:
+                pg.shutdown()
 
     h = check.load(workdir)
     ch = check.Checker(h)
@@ -853,6 +888,10 @@ def main():
                     help="the instances reach PostgreSQL through a pgbouncer "
                     "(session mode); adds the faults " +
                     ",".join(BOUNCER_FAULTS))
+    ap.add_argument("--citus", action="store_true",
+                    help="the store is a Citus cluster (a coordinator and "
+                    "two workers, the table distributed by migrate "
+                    "--distributed); the PostgreSQL faults hit any node")
     ap.add_argument("--faults", help="only these fault kinds, comma-"
                     "separated (default: all of " + ",".join(FAULT_CYCLE) +
                     ")")
