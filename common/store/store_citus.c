@@ -46,8 +46,8 @@ struct citus_store;
 
 struct citus_slot {
 	struct citus_store *cs;
-	char host[CITUS_HOST_LEN + 1];	/* "": the coordinator */
-	int port;
+	char nodes[CITUS_NODES_LEN + 1];	/* "host:port,..." of its
+					 * group; "": the coordinator */
 	struct store *st;
 	atomic_int listening;		/* its listeners up, every loop */
 	bool mapped;			/* the map sends keys here (notify_mu) */
@@ -129,45 +129,41 @@ static void slot_heard(void *arg, enum store_pg_event ev, const char *payload)
 	}
 }
 
-/* The slot of the primary at host:port, made when new; 0 (the
- * coordinator, where claims are refused rather than misplaced) when the
- * slots are used up or its store cannot be made. The opener's or the
- * map thread's. */
-static int slot_for(struct citus_store *cs, const char *host, int port)
+/* The slot of the group at nodes, made when new; 0 (the coordinator,
+ * where claims are refused rather than misplaced) when the slots are used
+ * up or its store cannot be made. The opener's or the map thread's. */
+static int slot_for(struct citus_store *cs, const char *nodes)
 {
 	int n = atomic_load(&cs->nslots);
 	struct citus_slot *sl;
 	char err[256], *ci;
 
 	for (int i = 1; i < n; i++)
-		if (cs->slots[i].port == port &&
-		    strcmp(cs->slots[i].host, host) == 0)
+		if (strcmp(cs->slots[i].nodes, nodes) == 0)
 			return i;
 	if (n == CITUS_SLOTS) {
-		log_error("citus store: more than %d primaries; keys on %s:%d "
-			  "are refused", CITUS_SLOTS - 1, host, port);
+		log_error("citus store: more than %d workers; keys on %s are "
+			  "refused", CITUS_SLOTS - 1, nodes);
 		return 0;
 	}
-	ci = citus_worker_conninfo(cs->conninfo, host, port, err, sizeof(err));
+	ci = citus_worker_conninfo(cs->conninfo, nodes, err, sizeof(err));
 	if (ci == NULL) {
-		log_error("citus store: the worker %s:%d: %s", host, port, err);
+		log_error("citus store: the worker %s: %s", nodes, err);
 		return 0;
 	}
 	sl = &cs->slots[n];
 	sl->st = store_pg_new_worker(ci, cs->conns_per_thread, cs->ttl_ms);
 	free(ci);
 	if (sl->st == NULL) {
-		log_error("citus store: no store for the worker %s:%d", host,
-			  port);
+		log_error("citus store: no store for the worker %s", nodes);
 		return 0;
 	}
 	sl->cs = cs;
-	snprintf(sl->host, sizeof(sl->host), "%s", host);
-	sl->port = port;
+	snprintf(sl->nodes, sizeof(sl->nodes), "%s", nodes);
 	if (cs->notify_fn != NULL)
 		store_pg_on_notify(sl->st, slot_heard, sl);
 	atomic_store(&cs->nslots, n + 1);
-	log_info("citus store: worker %s:%d", host, port);
+	log_info("citus store: worker %s", nodes);
 	return n;
 }
 
@@ -193,9 +189,8 @@ static struct store *slot_store(struct citus_store *cs, struct citus_local *l,
 		l->inited |= 1ull << i;		/* thread_done undoes even a
 						 * failed start */
 		if (store_thread_init(st, l->base) < 0)
-			log_error("citus store: the worker %s:%d cannot serve "
-				  "this loop", cs->slots[i].host,
-				  cs->slots[i].port);
+			log_error("citus store: the worker %s cannot serve "
+				  "this loop", cs->slots[i].nodes);
 	}
 	return st;
 }
@@ -231,8 +226,7 @@ static bool same_map(const struct citus_map *a, const struct citus_map *b)
 		return false;
 	for (int i = 0; i < a->n; i++)
 		if (a->shards[i].lo != b->shards[i].lo ||
-		    a->shards[i].port != b->shards[i].port ||
-		    strcmp(a->shards[i].host, b->shards[i].host) != 0)
+		    strcmp(a->shards[i].nodes, b->shards[i].nodes) != 0)
 			return false;
 	return true;
 }
@@ -247,8 +241,7 @@ static void install(struct citus_store *cs, struct citus_map *m)
 	if (m->citus)
 		store_pg_no_row_sweep(cs->slots[0].st);
 	for (int i = 0; i < m->n; i++)
-		m->shards[i].slot = slot_for(cs, m->shards[i].host,
-					     m->shards[i].port);
+		m->shards[i].slot = slot_for(cs, m->shards[i].nodes);
 	pthread_mutex_lock(&cs->mu);
 	old = cs->map;
 	changed = !same_map(old, m);
@@ -293,12 +286,11 @@ static void log_health(struct citus_store *cs)
 			continue;
 		sl->was_ready = ready;
 		if (ready)
-			log_info("citus store: worker %s:%d is up", sl->host,
-				 sl->port);
+			log_info("citus store: worker %s is up", sl->nodes);
 		else
-			log_warn("citus store: worker %s:%d is down: its keys "
-				 "get 503 until it is back, the others are "
-				 "served", sl->host, sl->port);
+			log_warn("citus store: worker %s is down: its keys get "
+				 "503 until it is back, the others are served",
+				 sl->nodes);
 	}
 }
 

@@ -21,6 +21,7 @@
 #include "clock.h"
 #include "store_pg.h"
 #include "store_pg_hosts.h"
+#include "store_pg_parts.h"
 
 #define CITUS_MIN_MAJOR 12	/* tested: 13.2 */
 
@@ -135,14 +136,16 @@ static PGresult *query_by(PGconn *pg, const char *sql, int stop_fd,
 }
 
 static const char map_sql[] =
-	"SELECT s.shardminvalue::int, s.shardmaxvalue::int, n.groupid,\n"
-	"       n.nodename, n.nodeport\n"
+	"SELECT s.shardminvalue::int, s.shardmaxvalue::int, p.groupid,\n"
+	"       string_agg(n.nodename || ':' || n.nodeport, ','\n"
+	"                  ORDER BY n.noderole = 'primary' DESC, n.nodeid)\n"
 	"  FROM pg_catalog.pg_dist_shard s\n"
 	"  JOIN pg_catalog.pg_dist_placement p ON p.shardid = s.shardid\n"
 	"  JOIN pg_catalog.pg_dist_node n ON n.groupid = p.groupid\n"
-	"   AND n.noderole = 'primary' AND n.isactive\n"
+	"   AND n.isactive AND n.noderole IN ('primary', 'secondary')\n"
 	" WHERE s.logicalrelid = to_regclass('idempotency_keys')\n"
-	" ORDER BY 1";
+	" GROUP BY s.shardid, 1, 2, 3\n"
+	" ORDER BY 1, bool_or(n.noderole = 'primary') DESC";
 
 static struct citus_map *map_from(PGresult *r, char *err, size_t errlen)
 {
@@ -161,8 +164,7 @@ static struct citus_map *map_from(PGresult *r, char *err, size_t errlen)
 		sh->lo = (int32_t)strtol(PQgetvalue(r, i, 0), NULL, 10);
 		sh->hi = (int32_t)strtol(PQgetvalue(r, i, 1), NULL, 10);
 		sh->group = atoi(PQgetvalue(r, i, 2));
-		snprintf(sh->host, sizeof(sh->host), "%s", PQgetvalue(r, i, 3));
-		sh->port = atoi(PQgetvalue(r, i, 4));
+		snprintf(sh->nodes, sizeof(sh->nodes), "%s", PQgetvalue(r, i, 3));
 		/* a shard placed twice (a move half done): the first */
 		if (m->n > 0 && m->shards[m->n - 1].lo == sh->lo)
 			continue;
@@ -271,12 +273,49 @@ static void put_value(char **p, const char *v)
 	*(*p)++ = '\'';
 }
 
-char *citus_worker_conninfo(const char *conninfo, const char *host, int port,
+/* nodes ("h:p,h:p") as the two lists libpq takes, each malloc()ed;
+ * -1 when an entry has no port. */
+static int split_nodes(const char *nodes, char **hosts, char **ports)
+{
+	size_t n = strlen(nodes) + 1;
+	char *h = malloc(n), *p = malloc(n), *hp = h, *pp = p;
+	const char *at = nodes;
+
+	*hosts = h;
+	*ports = p;
+	if (h == NULL || p == NULL)
+		return -1;
+	while (*at != '\0') {
+		const char *end = strchr(at, ','), *colon;
+
+		if (end == NULL)
+			end = at + strlen(at);
+		/* the last colon: a host may be an IPv6 address */
+		for (colon = end; colon > at && colon[-1] != ':'; colon--)
+			;
+		if (colon <= at + 1 || colon == end ||
+		    (*end == ',' && end[1] == '\0'))
+			return -1;
+		if (hp != h) {
+			*hp++ = ',';
+			*pp++ = ',';
+		}
+		memcpy(hp, at, (size_t)(colon - 1 - at));
+		hp += colon - 1 - at;
+		memcpy(pp, colon, (size_t)(end - colon));
+		pp += end - colon;
+		at = *end == ',' ? end + 1 : end;
+	}
+	*hp = *pp = '\0';
+	return hp == h ? -1 : 0;
+}
+
+char *citus_worker_conninfo(const char *conninfo, const char *nodes,
 			    char *err, size_t errlen)
 {
-	char *perr = NULL, *out, *p, portbuf[16];
+	char *perr = NULL, *out = NULL, *p, *hosts = NULL, *ports = NULL;
 	PQconninfoOption *opts = PQconninfoParse(conninfo, &perr);
-	size_t n = strlen(host) * 2 + 64;
+	size_t n = strlen(nodes) * 2 + 64;
 
 	if (opts == NULL) {
 		if (perr != NULL)
@@ -286,19 +325,23 @@ char *citus_worker_conninfo(const char *conninfo, const char *host, int port,
 		PQfreemem(perr);
 		return NULL;
 	}
-	snprintf(portbuf, sizeof(portbuf), "%d", port);
+	if (split_nodes(nodes, &hosts, &ports) < 0) {
+		snprintf(err, errlen, "the nodes \"%s\" are not host:port,...",
+			 nodes);
+		goto out;
+	}
 	for (PQconninfoOption *o = opts; o->keyword != NULL; o++)
 		if (o->val != NULL)
 			n += strlen(o->keyword) + strlen(o->val) * 2 + 4;
 	out = p = malloc(n);
 	if (out == NULL) {
-		PQconninfoFree(opts);
 		snprintf(err, errlen, "out of memory");
-		return NULL;
+		goto out;
 	}
 	p += sprintf(p, "host=");
-	put_value(&p, host);
-	p += sprintf(p, " port=%s", portbuf);
+	put_value(&p, hosts);
+	p += sprintf(p, " port=");
+	put_value(&p, ports);
 	for (PQconninfoOption *o = opts; o->keyword != NULL; o++) {
 		if (o->val == NULL || o->val[0] == '\0' ||
 		    strcmp(o->keyword, "host") == 0 ||
@@ -309,6 +352,9 @@ char *citus_worker_conninfo(const char *conninfo, const char *host, int port,
 		put_value(&p, o->val);
 	}
 	*p = '\0';
+out:
+	free(hosts);
+	free(ports);
 	PQconninfoFree(opts);
 	return out;
 }
@@ -406,6 +452,7 @@ int citus_migrate(const char *conninfo, uint64_t ttl_ms, char *err,
 {
 	uint64_t deadline = clock_ms() + CITUS_MAP_TIMEOUT_MS;
 	PGconn *pg = connect_by(conninfo, -1, deadline, err, errlen);
+	char sql[96];
 	int rc = -1;
 
 	if (pg == NULL)
@@ -442,6 +489,13 @@ int citus_migrate(const char *conninfo, uint64_t ttl_ms, char *err,
 		 "SELECT create_distributed_function('" CLAIM_FN "', 'p_key', "
 		 "colocate_with := 'idempotency_keys')",
 		 "create_distributed_function", err, errlen) < 0)
+		goto out;
+	/* the partitions as far ahead as a distributed table wants them
+	 * (idemproxy_parts_ensure): claims on the workers cannot make one */
+	snprintf(sql, sizeof(sql), "SELECT idemproxy_parts_ensure(%llu)",
+		 (unsigned long long)pg_part_width(ttl_ms));
+	if (step(pg, "SELECT false", sql, "idemproxy_parts_ensure", err,
+		 errlen) < 0)
 		goto out;
 	rc = 0;
 out:

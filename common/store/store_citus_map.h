@@ -20,15 +20,16 @@
 #include "compiler.h"
 
 #define CITUS_MAP_TIMEOUT_MS 5000
-#define CITUS_HOST_LEN 255
+#define CITUS_NODES_LEN 511
 
-/* One shard: the hash range [lo, hi] and the primary that holds it. */
+/* One shard: the hash range [lo, hi] and the nodes of the group that
+ * holds it, "host:port,...", its primary first, then its secondaries
+ * (citus_add_secondary_node: standbys that may be promoted). */
 struct citus_shard {
 	int32_t lo, hi;
 	int group;			/* Citus' group id */
-	char host[CITUS_HOST_LEN + 1];
-	int port;
-	int slot;			/* the store's, for its primary
+	char nodes[CITUS_NODES_LEN + 1];
+	int slot;			/* the store's, for its group
 					 * (store_citus.c); 0 as fetched */
 };
 
@@ -53,10 +54,12 @@ void citus_map_unref(struct citus_map *m);
  * changed under a rebalance). */
 const struct citus_shard *citus_map_find(const struct citus_map *m, int32_t h);
 
-/* conninfo with its host(s) and port replaced by host:port (a worker's
- * statements go there with the rest of the parameters unchanged).
- * malloc()ed; NULL when conninfo does not parse (err set). */
-char *citus_worker_conninfo(const char *conninfo, const char *host, int port,
+/* conninfo with its host(s) and port(s) replaced by those of nodes
+ * ("host:port,...", as in struct citus_shard): a worker's statements go
+ * there - to whichever of them is the primary, as with any list of hosts
+ * (store_pg_hosts.h) - with the rest of the parameters unchanged.
+ * malloc()ed; NULL when conninfo or nodes does not parse (err set). */
+char *citus_worker_conninfo(const char *conninfo, const char *nodes,
 			    char *err, size_t errlen);
 
 /*

@@ -788,38 +788,6 @@ static const char w_extend_sql[] =
 static const char w_purge_sql[] = "SELECT * FROM idemproxy_w_purge($1, $2)";
 static const char w_sweep_sql[] = "SELECT '0'::text, '0'::text";
 
-/*
- * Citus takes no volatile function in an UPDATE of a distributed table:
- * a worker's statements read the time as statement_timestamp() (stable:
- * when the statement arrived, the same instant to within its run) in
- * place of clock_timestamp(). sql is taken; NULL when out of memory.
- */
-static char *stable_times(char *sql)
-{
-	static const char from[] = "clock_timestamp()";
-	static const char to[] = "statement_timestamp()";
-	size_t n = 0, len = strlen(sql);
-	char *out, *o;
-	const char *p, *hit;
-
-	for (p = sql; (hit = strstr(p, from)) != NULL; p = hit + sizeof(from) - 1)
-		n++;
-	out = o = malloc(len + n * (sizeof(to) - sizeof(from)) + 1);
-	if (out == NULL) {
-		free(sql);
-		return NULL;
-	}
-	for (p = sql; (hit = strstr(p, from)) != NULL; p = hit + sizeof(from) - 1) {
-		memcpy(o, p, (size_t)(hit - p));
-		o += hit - p;
-		memcpy(o, to, sizeof(to) - 1);
-		o += sizeof(to) - 1;
-	}
-	strcpy(o, p);
-	free(sql);
-	return out;
-}
-
 static struct store *pg_new(const char *conninfo, int conns_per_thread,
 			    uint64_t ttl_ms, bool worker)
 {
@@ -853,7 +821,9 @@ static struct store *pg_new(const char *conninfo, int conns_per_thread,
 		     /* plans prune partitions when they start (PART_SINCE),
 		      * with no planning per statement; but Citus plans a
 		      * statement on a distributed table only with its
-		      * parameters' values (and prunes shards then) */
+		      * parameters' values (and prunes shards then), and is
+		      * slower with the plans it can cache (docs/benchmarks.md
+		      * "Citus beside one node") */
 		     "SELECT set_config('plan_cache_mode', CASE WHEN "
 		     "to_regclass('pg_catalog.pg_dist_partition') IS NULL "
 		     "THEN 'force_generic_plan' ELSE 'force_custom_plan' END, "
@@ -896,8 +866,6 @@ static struct store *pg_new(const char *conninfo, int conns_per_thread,
 		     worker ? w_purge_sql : purge_sql, store_pg_wake_sql) < 0)
 		s->setup_sql = NULL;
 	free(schema);
-	if (worker && s->setup_sql != NULL)
-		s->setup_sql = stable_times(s->setup_sql);
 	s->dns = pg_dns_new(&s->hosts);
 	if (s->conninfo == NULL || s->setup_sql == NULL || s->dns == NULL) {
 		pg_dns_free(s->dns);

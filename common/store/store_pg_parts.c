@@ -9,7 +9,7 @@
  *                detach:   ALTER TABLE ... DETACH PARTITION p CONCURRENTLY
  *                finalize: ALTER TABLE ... DETACH PARTITION p FINALIZE
  *                detach_now (Citus): ALTER TABLE ... DETACH PARTITION p,
- *                          under a statement timeout (add_citus_steps)
+ *                          under a statement timeout (add_steps)
  *                then:     DROP TABLE p; forget it
  *                                         │
  *                                         ▼ IDLE until the next tick
@@ -163,8 +163,6 @@ static void pp_plan(struct pg_parts *p)
 	pp_send(p, sql);
 }
 
-/* The steps that take partition `part` away ("detach" or "finalize"
- * first, or only "drop": it was detached already). */
 /* One more step (drops: the last of its partition's). */
 static void add_step(struct pg_parts *p, const char *part, bool drops,
 		     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -183,36 +181,26 @@ static void add_step(struct pg_parts *p, const char *part, bool drops,
 }
 
 /*
- * A Citus coordinator's steps ("detach_now"): Citus has no DETACH ...
- * CONCURRENTLY, and sends a DDL statement's text to the workers as it
- * came, so each goes alone. The detach takes the shards' tables ACCESS
- * EXCLUSIVE on every worker, where claims queue behind it: a statement
- * timeout of its own (the workers' waits end with the coordinator's)
- * bounds that to PARTS_CITUS_DETACH_MS, once a partition. The plan resets
- * it (pp_plan).
+ * The steps that take partition `part` away: "detach" or "finalize"
+ * first, or only "drop" (it was detached already). On a Citus coordinator
+ * ("detach_now", "drop_now") every statement goes alone - Citus sends a
+ * DDL statement's text to the workers as it came - and the detach is a
+ * plain one, Citus having no DETACH ... CONCURRENTLY: it takes the shards'
+ * tables ACCESS EXCLUSIVE on every worker, where claims queue behind it,
+ * so a statement timeout of its own (the workers' waits end with the
+ * coordinator's) bounds that to PARTS_CITUS_DETACH_MS, once a partition.
+ * The next plan resets it (pp_plan).
  */
-static void add_citus_steps(struct pg_parts *p, const char *part,
-			    const char *id, const char *lit)
-{
-	add_step(p, part, false, "SET statement_timeout = %d",
-		 PARTS_CITUS_DETACH_MS);
-	add_step(p, part, false, "ALTER TABLE idempotency_keys DETACH "
-		 "PARTITION %s", id);
-	add_step(p, part, false, "SET statement_timeout = 0");
-	add_step(p, part, false, "DROP TABLE IF EXISTS %s", id);
-	add_step(p, part, true, "DELETE FROM idempotency_keys_parts WHERE "
-		 "name = %s", lit);
-}
-
 static void add_steps(struct pg_parts *p, const char *action,
 		      const char *part)
 {
+	bool citus = strcmp(action, "detach_now") == 0 ||
+		     strcmp(action, "drop_now") == 0;
 	char *id, *lit;
-	struct pp_step *st;
 
 	if (p->nsteps + 5 > (int)(sizeof(p->steps) / sizeof(p->steps[0])) ||
 	    strncmp(part, "idempotency_keys_", 17) != 0 ||
-	    strlen(part) >= sizeof(st->part))
+	    strlen(part) >= sizeof(p->steps[0].part))
 		return;
 	id = PQescapeIdentifier(p->pg, part, strlen(part));
 	lit = PQescapeLiteral(p->pg, part, strlen(part));
@@ -222,24 +210,25 @@ static void add_steps(struct pg_parts *p, const char *action,
 		return;
 	}
 	if (strcmp(action, "detach_now") == 0) {
-		add_citus_steps(p, part, id, lit);
-		PQfreemem(id);
-		PQfreemem(lit);
-		return;
+		add_step(p, part, false, "SET statement_timeout = %d",
+			 PARTS_CITUS_DETACH_MS);
+		add_step(p, part, false, "ALTER TABLE idempotency_keys DETACH "
+			 "PARTITION %s", id);
+		add_step(p, part, false, "SET statement_timeout = 0");
+	} else if (strcmp(action, "detach") == 0 ||
+		   strcmp(action, "finalize") == 0) {
+		add_step(p, part, false, "ALTER TABLE idempotency_keys DETACH "
+			 "PARTITION %s %s", id, action[0] == 'd' ?
+			 "CONCURRENTLY" : "FINALIZE");
 	}
-	if (strcmp(action, "detach") == 0 || strcmp(action, "finalize") == 0) {
-		st = &p->steps[p->nsteps++];
-		snprintf(st->sql, sizeof(st->sql), "ALTER TABLE idempotency_keys "
-			 "DETACH PARTITION %s %s", id,
-			 action[0] == 'd' ? "CONCURRENTLY" : "FINALIZE");
-		snprintf(st->part, sizeof(st->part), "%s", part);
-		st->drops = false;
+	if (citus) {
+		add_step(p, part, false, "DROP TABLE IF EXISTS %s", id);
+		add_step(p, part, true, "DELETE FROM idempotency_keys_parts "
+			 "WHERE name = %s", lit);
+	} else {
+		add_step(p, part, true, "DROP TABLE IF EXISTS %s; DELETE FROM "
+			 "idempotency_keys_parts WHERE name = %s", id, lit);
 	}
-	st = &p->steps[p->nsteps++];
-	snprintf(st->sql, sizeof(st->sql), "DROP TABLE IF EXISTS %s; DELETE "
-		 "FROM idempotency_keys_parts WHERE name = %s", id, lit);
-	snprintf(st->part, sizeof(st->part), "%s", part);
-	st->drops = true;
 	PQfreemem(id);
 	PQfreemem(lit);
 }

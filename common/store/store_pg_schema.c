@@ -36,7 +36,7 @@
 
 /* Marks the functions as this version's: a database whose functions an
  * earlier version created gets them replaced. Change it with them. */
-#define SCHEMA_MARK "idemproxy schema 10"
+#define SCHEMA_MARK "idemproxy schema 11"
 
 /* In pieces: C compilers need not take longer literals. */
 static const char *const schema_parts[] = {
@@ -100,8 +100,9 @@ static const char *const schema_parts[] = {
 	"  lead := least(w, least(w / 2, interval '10 seconds') + interval '3 seconds');\n"
 	"  IF citus THEN\n"
 	"    -- claims on the workers cannot make the one they need: a whole\n"
-	"    -- width ahead, for the coordinator's maintenance to be away that long\n"
-	"    lead := w;\n"
+	"    -- width ahead, and 10 s at least, for the coordinator's\n"
+	"    -- maintenance to be away that long\n"
+	"    lead := greatest(w, interval '10 seconds');\n"
 	"  END IF;\n"
 	"  SELECT count(*), min(p.lo) FILTER (WHERE p.lo > '-infinity')\n"
 	"    INTO cnt, oldest FROM idempotency_keys_parts p;\n"
@@ -170,7 +171,7 @@ static const char *const schema_parts[] = {
 	"    IF NOT EXISTS (SELECT 1 FROM pg_inherits i\n"
 	"                    WHERE i.inhrelid = to_regclass(r.name)\n"
 	"                      AND i.inhparent = 'idempotency_keys'::regclass) THEN\n"
-	"      action := 'drop'; part := r.name; n := NULL; RETURN NEXT;\n"
+	"      action := 'drop_now'; part := r.name; n := NULL; RETURN NEXT;\n"
 	"      CONTINUE;\n"
 	"    END IF;\n"
 	"    IF oldest IS NOT NULL AND oldest < r.hi + skew THEN\n"

@@ -17,9 +17,10 @@ import time
 import pytest
 
 from support.citus import CitusCluster
-from support.http import assert_problem, upstream_echo
+from support.http import assert_problem
 from support.procs import (IDEMPROXY_BIN, clean_env, metric_value, readyz,
                            wait_readyz)
+from support.stores import PgServer
 from test_idempotency import (ORDER, assert_identical, assert_one_original,
                               executions, kreq, newkey, post, replayed)
 from test_keys import TOKEN, admin
@@ -55,14 +56,15 @@ class CitusDb:
             "select n.nodeport from pg_dist_placement p join pg_dist_node n "
             "using (groupid) where p.shardid = "
             "get_shard_id_for_distribution_column('idempotency_keys', "
-            f"'{key}')"))
+            f"'{key}') and n.noderole = 'primary'"))
 
     def rows_by_worker(self):
         out = self.psql(
             "select n.nodeport, count(*) from idempotency_keys k "
             "join pg_dist_placement p on p.shardid = "
             "get_shard_id_for_distribution_column('idempotency_keys', k.key) "
-            "join pg_dist_node n using (groupid) group by 1")
+            "join pg_dist_node n using (groupid) where n.noderole = "
+            "'primary' group by 1")
         got = {}
         for line in out.splitlines():
             port, n = line.split("|")
@@ -358,14 +360,25 @@ def test_partitions_dropped_on_every_worker(make_proxy, cdb_short, stub):
     coordinator, distributed to both workers, and dropped there once past
     and empty; a key stays answered across the partition boundaries."""
     db = cdb_short
+    # a partition of long ago, detached already, as by a maintenance cut
+    # between its detach and its drop: only dropped (and forgotten) then
+    second = "idempotency_keys_p20200101t000000000"
+    db.psql(f"create table {second} (like idempotency_keys including "
+            "defaults)")
+    db.psql(f"alter table idempotency_keys attach partition {second} for "
+            "values from ('2020-01-01') to ('2020-01-01 00:00:02')")
+    db.psql("insert into idempotency_keys_parts (name, lo, hi) values "
+            f"('{second}', '2020-01-01', '2020-01-01 00:00:02')")
+    db.psql(f"alter table idempotency_keys detach partition {second}")
+    first = db.psql("select name from idempotency_keys_parts where lo > "
+                    "'2021-01-01' order by lo limit 1")
+    for w in db.cluster.workers:
+        for part in (first, second):
+            assert int(db.psql("select count(*) from pg_class where relname "
+                               f"like '{part}%'", node=w)) > 0, \
+                "the partition's shards are on every worker"
     a = start(make_proxy, db, "--ttl", "1s", name="a")
     b = start(make_proxy, db, "--ttl", "1s", name="b")
-    first = db.psql("select name from idempotency_keys_parts order by lo "
-                    "limit 1")
-    for w in db.cluster.workers:
-        assert int(db.psql("select count(*) from pg_class where relname "
-                           f"like '{first}%'", node=w)) > 0, \
-            "the partition's shards are on every worker"
     deadline = time.monotonic() + 40
     n = 0
     while True:
@@ -375,15 +388,16 @@ def test_partitions_dropped_on_every_worker(make_proxy, cdb_short, stub):
         assert replayed(post((a, b)[(n + 1) % 2].port, k))
         n += 1
         gone = db.psql(f"select count(*) from idempotency_keys_parts where "
-                       f"name = '{first}'") == "0"
+                       f"name in ('{first}', '{second}')") == "0"
         if gone:
             break
-        assert time.monotonic() < deadline, "the first partition stayed"
+        assert time.monotonic() < deadline, "the first partitions stayed"
         time.sleep(0.2)
     assert executions(stub) == n
     for node in db.cluster.nodes:
-        assert db.psql("select count(*) from pg_class where relname like "
-                       f"'{first}%'", node=node) == "0", node.port
+        for part in (first, second):
+            assert db.psql("select count(*) from pg_class where relname "
+                           f"like '{part}%'", node=node) == "0", node.port
     left = db.psql("select count(*) from idempotency_keys_parts")
     assert 0 < int(left) < 12, left
     dropped = sum(metric_value(p.metrics(),
@@ -391,7 +405,12 @@ def test_partitions_dropped_on_every_worker(make_proxy, cdb_short, stub):
                   for p in (a, b))
     assert dropped >= 1
     for p in (a, b):
-        assert "partition maintenance" not in p.log(), p.log()
+        # both instances may take the same partition in one round: the
+        # second finds it gone already (logged, harmless); nothing else
+        bad = [ln for ln in p.log().splitlines()
+               if "partition maintenance" in ln and "does not exist" not in
+               ln and "is not a partition" not in ln]
+        assert not bad, p.log()
 
 
 def test_worker_frozen(make_proxy, cdb, stub):
@@ -430,3 +449,124 @@ def test_worker_frozen(make_proxy, cdb, stub):
     counts = stub.stats()["keys"]
     assert all(n == 1 for n in counts.values()), counts
     assert len(counts) == 12
+
+
+def test_shard_moved_while_keys_are_in_flight(spawn_proxy, cdb, stub):
+    """A shard moves to the other worker (citus_move_shard_placement,
+    block_writes) while its keys are claimed, completed and retried from
+    two instances: no key executes twice, and once the instances' maps
+    catch up (2 s) every key is answered from its new worker."""
+    a = start(spawn_proxy, cdb, name="a", workers=2)
+    b = start(spawn_proxy, cdb, name="b", workers=2)
+    src, dst = cdb.cluster.workers
+    keys = keys_on_each_worker(cdb, newkey("mv"), 1)[src.port]
+    shard = int(cdb.psql("select get_shard_id_for_distribution_column("
+                         f"'idempotency_keys', '{keys[0]}')"))
+    # keys of that shard, some answered before the move
+    ks, i = [], 0
+    while len(ks) < 16:
+        k = f"{keys[0]}-{i}"
+        i += 1
+        if int(cdb.psql("select get_shard_id_for_distribution_column("
+                        f"'idempotency_keys', '{k}')")) == shard:
+            ks.append(k)
+    target = "/orders?delay_ms=20"
+    for k in ks[:8]:
+        assert post(a.port, k, target).status == 200
+    stop = threading.Event()
+    seen = []
+
+    def client(port, mine):
+        while not stop.is_set():
+            for k in mine:
+                try:
+                    r = post(port, k, target, timeout=30)
+                    seen.append((k, r.status))
+                except OSError:
+                    pass
+
+    ts = [threading.Thread(target=client, args=(p.port, ks[j::2]))
+          for j, p in enumerate((a, b))]
+    for t in ts:
+        t.start()
+    try:
+        time.sleep(0.5)
+        cdb.psql(f"select citus_move_shard_placement({shard}, '127.0.0.1', "
+                 f"{src.port}, '127.0.0.1', {dst.port}, "
+                 "shard_transfer_mode := 'block_writes')", timeout=60)
+        time.sleep(3)       # the maps follow within 2 s
+    finally:
+        stop.set()
+        for t in ts:
+            t.join(60)
+    assert cdb.worker_of(ks[0]) == dst.port
+    for k in ks:
+        r = post((a, b)[hash(k) % 2].port, k, target)
+        assert r.status == 200 and replayed(r), (k, r)
+    counts = stub.stats()["keys"]
+    assert {k: n for k, n in counts.items() if n > 1} == {}
+    assert set(counts) == set(ks)
+    assert any(s == 200 for _, s in seen)
+
+
+def test_worker_standby_promoted(spawn_proxy, stub):
+    """A worker with a synchronous streaming standby, registered as its
+    secondary (citus_add_secondary_node): the instances connect to the
+    group's nodes as to any list of hosts, so when the worker crashes and
+    its standby is promoted - pg_dist_node not even updated - its keys are
+    served there: completed ones replayed, new ones executed once."""
+    cl = CitusCluster(workers=2)
+    standby = None
+    try:
+        url = cl.create_db("sb")
+        r = migrate(url, "--distributed")
+        assert r.returncode == 0, r.stderr
+        db = CitusDb(cl, "sb", url)
+        primary = cl.workers[0]
+        standby = PgServer(standby_of=primary)
+        # commits wait for the standby, as a production primary's do
+        primary.psql("alter system set synchronous_standby_names = '*'")
+        primary.psql("select pg_reload_conf()")
+        cl.coordinator.psql(
+            f"select citus_add_secondary_node('127.0.0.1', {standby.port}, "
+            f"'127.0.0.1', {primary.port})", db="sb")
+        a = start(spawn_proxy, db, name="a", workers=2)
+        deadline = time.monotonic() + 10
+        while f"127.0.0.1:{primary.port},127.0.0.1:{standby.port}" \
+                not in a.log():
+            assert time.monotonic() < deadline, a.log()
+            time.sleep(0.1)
+        keys = keys_on_each_worker(db, newkey("sb"), 6)
+        mine = keys[primary.port]
+        firsts = {}
+        for k in mine[:3]:
+            r = post(a.port, k)
+            assert r.status == 200, r
+            firsts[k] = r.body
+        # the completions are written after the answers: wait for them
+        deadline = time.monotonic() + 10
+        while db.psql("select count(*) from idempotency_keys where state "
+                      "= 'completed'") != "3":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        primary.crash()
+        standby.promote()
+        deadline = time.monotonic() + 30
+        for k in mine[:3]:
+            while True:
+                r = post(a.port, k)
+                if r.status != 503 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert r.status == 200 and replayed(r), (k, r)
+            assert r.body == firsts[k]
+        for k in mine[3:] + keys[cl.workers[1].port]:
+            r = post(a.port, k)
+            assert r.status == 200 and not replayed(r), (k, r)
+        counts = stub.stats()["keys"]
+        assert {k: n for k, n in counts.items() if n > 1} == {}
+        assert len(counts) == 12
+    finally:
+        if standby is not None:
+            standby.shutdown()
+        cl.shutdown()

@@ -49,13 +49,13 @@ int main(void)
 	m->distributed = true;
 	m->n = 4;
 	m->shards[0] = (struct citus_shard){ .lo = INT32_MIN, .hi = -1073741825,
-		.group = 1, .host = "w1", .port = 1 };
+		.group = 1, .nodes = "w1:1" };
 	m->shards[1] = (struct citus_shard){ .lo = -1073741824, .hi = -1,
-		.group = 2, .host = "w2", .port = 2 };
+		.group = 2, .nodes = "w2:2" };
 	m->shards[2] = (struct citus_shard){ .lo = 0, .hi = 1073741823,
-		.group = 1, .host = "w1", .port = 1 };
+		.group = 1, .nodes = "w1:1" };
 	m->shards[3] = (struct citus_shard){ .lo = 1073741824, .hi = INT32_MAX,
-		.group = 2, .host = "w2", .port = 2 };
+		.group = 2, .nodes = "w2:2" };
 	sh = citus_map_find(m, INT32_MIN);
 	ok(sh == &m->shards[0], "the lowest hash: the first shard");
 	sh = citus_map_find(m, INT32_MAX);
@@ -73,8 +73,8 @@ int main(void)
 
 	ci = citus_worker_conninfo("postgres://app:s3cret@coord:5432,coord2:5433/"
 				   "idem?sslmode=require&target_session_attrs="
-				   "read-write", "10.0.0.7", 6432, err, sizeof(err));
-	ok(ci != NULL && strstr(ci, "host='10.0.0.7' port=6432") == ci,
+				   "read-write", "10.0.0.7:6432", err, sizeof(err));
+	ok(ci != NULL && strstr(ci, "host='10.0.0.7' port='6432'") == ci,
 	   "a worker's host and port replace the coordinator's: %s",
 	   ci != NULL ? ci : err);
 	ok(ci != NULL && strstr(ci, "coord") == NULL, "no coordinator host left");
@@ -84,13 +84,27 @@ int main(void)
 	   strstr(ci, "sslmode='require'") != NULL,
 	   "user, password, database and TLS are kept");
 	free(ci);
-	ci = citus_worker_conninfo("host=a password='it\\'s' dbname=x", "b", 1,
+	ci = citus_worker_conninfo("host=c dbname=x", "w1:5432,w1-standby:5433,"
+				   "::1:5434", err, sizeof(err));
+	ok(ci != NULL && strstr(ci, "host='w1,w1-standby,::1' "
+				"port='5432,5433,5434'") == ci,
+	   "a primary and its secondaries: one list of hosts, one of ports "
+	   "(an IPv6 host split at its last colon): %s", ci != NULL ? ci : err);
+	free(ci);
+	ci = citus_worker_conninfo("host=a password='it\\'s' dbname=x", "b:1",
 				   err, sizeof(err));
 	ok(ci != NULL && strstr(ci, "password='it\\'s'") != NULL,
 	   "a quote in a value stays quoted: %s", ci != NULL ? ci : err);
 	free(ci);
-	ci = citus_worker_conninfo("host='unterminated", "b", 1, err, sizeof(err));
+	ci = citus_worker_conninfo("host='unterminated", "b:1", err, sizeof(err));
 	ok(ci == NULL && strstr(err, "cannot parse") != NULL,
 	   "a string that does not parse: an error (%s)", err);
+	static const char *const bad[] = { "w1,w2:1", "", "w1:", ":5", "w1:5," };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		ci = citus_worker_conninfo("host=a", bad[i], err, sizeof(err));
+		ok(ci == NULL && strstr(err, "host:port") != NULL,
+		   "nodes \"%s\": an error (%s)", bad[i], err);
+		free(ci);
+	}
 	return tap_done();
 }

@@ -30,7 +30,10 @@ class PgServer:
     postgres user through runuser, from cwd /; clients connect over TCP
     with trust auth as user postgres."""
 
-    def __init__(self, extra_conf=""):
+    def __init__(self, extra_conf="", standby_of=None):
+        """standby_of: a streaming standby of that PgServer instead of a
+        new cluster (pg_basebackup -R: its settings and databases, this
+        one's port and socket)."""
         self.base = tempfile.mkdtemp(prefix="ipg", dir="/tmp")   # short
         self.data = os.path.join(self.base, "d")
         self.sock = os.path.join(self.base, "s")
@@ -46,6 +49,16 @@ class PgServer:
                 os.chown(d, pw.pw_uid, pw.pw_gid)
             self.as_pg = ["runuser", "-u", "postgres", "--"]
         os.chmod(self.data, 0o700)
+        if standby_of is not None:
+            self._run([os.path.join(PG_BINDIR, "pg_basebackup"), "-h",
+                       "127.0.0.1", "-p", str(standby_of.port), "-U",
+                       "postgres", "-D", self.data, "-R", "-X", "stream",
+                       "-c", "fast", "--no-sync"], timeout=120)
+            with open(os.path.join(self.data, "postgresql.conf"), "a") as f:
+                f.write(f"\nport = {self.port}\n"
+                        f"unix_socket_directories = '{self.sock}'\n")
+            self.start()
+            return
         self._run([os.path.join(PG_BINDIR, "initdb"), "-D", self.data,
                    "-U", "postgres", "-A", "trust", "-E", "UTF8",
                    "--no-sync", "--no-instructions"], timeout=120)
@@ -113,6 +126,10 @@ class PgServer:
 
     def crash(self):
         self.stop("immediate")
+
+    def promote(self):
+        """A standby becomes a primary (pg_ctl promote, waits)."""
+        self._pg_ctl("-w", "-t", "60", "promote")
 
     def _cluster_pids(self):
         """The postmaster, then every process it forked (backends,
