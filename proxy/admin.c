@@ -76,7 +76,7 @@ static void handle(struct evhttp_request *req, void *arg)
 {
 	struct admin *a = arg;
 	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
-	char *text = NULL;
+	char *text = NULL, why[512], line[600];
 	size_t len = 0;
 	FILE *f;
 	enum admin_room room = admin_conns_request_read(a->conns, req);
@@ -105,14 +105,24 @@ static void handle(struct evhttp_request *req, void *arg)
 	if (strcmp(path, "/healthz") == 0) {
 		reply_text(req, 200, "OK", "text/plain", "ok\n", 3);
 	} else if (strcmp(path, "/readyz") == 0) {
-		if (a->draining)
+		if (a->draining) {
 			reply_text(req, 503, "Service Unavailable", "text/plain",
 				   "draining\n", 9);
-		else if (!store_ready(a->store))
+		} else if (!store_ready(a->store)) {
 			reply_text(req, 503, "Service Unavailable", "text/plain",
 				   "store unavailable\n", 18);
-		else
+		} else if (store_degraded(a->store, why, sizeof(why)) > 0) {
+			/* serving, without part of the store (docs/scale.md
+			 * "Failures"): still ready, and it says so */
+			int n = snprintf(line, sizeof(line), "ready, degraded: "
+					 "%s\n", why);
+
+			reply_text(req, 200, "OK", "text/plain", line,
+				   n < 0 ? 0 : (size_t)n >= sizeof(line) ?
+				   sizeof(line) - 1 : (size_t)n);
+		} else {
 			reply_text(req, 200, "OK", "text/plain", "ready\n", 6);
+		}
 	} else if (strcmp(path, "/metrics") == 0) {
 		metrics_gauge_set(GAUGE_store_up, store_ready(a->store) ? 1 : 0);
 		f = open_memstream(&text, &len);

@@ -187,6 +187,10 @@ struct store_ops {
 	void (*cancel)(struct store_op *op);
 	/* Is the store reachable (for /readyz)? Thread-safe. */
 	bool (*ready)(struct store *s);
+	/* What is down while the store is ready, for /readyz (a Citus
+	 * worker): its length written to buf (NUL-terminated, cut to len),
+	 * 0 when nothing is. Thread-safe. May be NULL (never degraded). */
+	size_t (*degraded)(struct store *s, char *buf, size_t len);
 	/* Delete expired records (a batch); called by the main thread's
 	 * timer every --sweep-interval. May work asynchronously on base. */
 	void (*sweep)(struct store *s, struct event_base *base);
@@ -311,6 +315,11 @@ static inline void store_thread_done(struct store *s, struct event_base *base)
 static inline bool store_ready(struct store *s)
 {
 	return s->ops->ready(s);
+}
+
+static inline size_t store_degraded(struct store *s, char *buf, size_t len)
+{
+	return s->ops->degraded != NULL ? s->ops->degraded(s, buf, len) : 0;
 }
 
 static inline void store_free(struct store *s)

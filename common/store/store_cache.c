@@ -587,6 +587,11 @@ static bool cache_ready(struct store *s)
 	return store_ready(((struct cache_store *)s)->inner);
 }
 
+static size_t cache_degraded(struct store *s, char *buf, size_t len)
+{
+	return store_degraded(((struct cache_store *)s)->inner, buf, len);
+}
+
 static void cache_sweep(struct store *s, struct event_base *base)
 {
 	struct cache_store *cs = (struct cache_store *)s;
@@ -638,6 +643,7 @@ static const struct store_ops cache_ops = {
 	.purge = cache_purge,
 	.cancel = cache_cancel,
 	.ready = cache_ready,
+	.degraded = cache_degraded,
 	.sweep = cache_sweep,
 	.thread_init = cache_thread_init,
 	.thread_done = cache_thread_done,

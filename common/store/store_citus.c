@@ -427,6 +427,35 @@ static bool citus_ready(struct store *s)
 	return any;
 }
 
+/* The workers the map uses that answer no statement connection:
+ * "workers down: H:P[,H:P...] ...". */
+static size_t citus_degraded(struct store *s, char *buf, size_t len)
+{
+	struct citus_store *cs = (struct citus_store *)s;
+	int n = atomic_load(&cs->nslots);
+	size_t at = 0;
+
+	if (len == 0)
+		return 0;
+	buf[0] = '\0';
+	for (int i = 1; i < n; i++) {
+		bool mapped;
+		int w;
+
+		pthread_mutex_lock(&cs->notify_mu);
+		mapped = cs->slots[i].mapped;
+		pthread_mutex_unlock(&cs->notify_mu);
+		if (!mapped || store_ready(cs->slots[i].st))
+			continue;
+		w = snprintf(buf + at, len - at, "%s%s", at == 0 ?
+			     "workers down: " : " ", cs->slots[i].nodes);
+		if (w < 0 || (size_t)w >= len - at)
+			return len - 1;
+		at += (size_t)w;
+	}
+	return at;
+}
+
 /* The coordinator keeps the partitions; every worker the map names
  * serves the main loop, so that each has a listener for the cache. */
 static void citus_sweep(struct store *s, struct event_base *base)
@@ -540,6 +569,7 @@ static const struct store_ops citus_ops = {
 	.purge = citus_purge,
 	.cancel = citus_cancel,
 	.ready = citus_ready,
+	.degraded = citus_degraded,
 	.sweep = citus_sweep,
 	.thread_init = citus_thread_init,
 	.thread_done = citus_thread_done,

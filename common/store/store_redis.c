@@ -866,6 +866,11 @@ static bool redis_ready(struct store *s)
 	return store_ready(((struct redis_store *)s)->inner);
 }
 
+static size_t redis_degraded(struct store *s, char *buf, size_t len)
+{
+	return store_degraded(((struct redis_store *)s)->inner, buf, len);
+}
+
 static void redis_sweep(struct store *s, struct event_base *base)
 {
 	struct redis_store *rs = (struct redis_store *)s;
@@ -926,6 +931,7 @@ static const struct store_ops redis_ops = {
 	.purge = redis_purge,
 	.cancel = redis_cancel,
 	.ready = redis_ready,
+	.degraded = redis_degraded,
 	.sweep = redis_sweep,
 	.thread_init = redis_thread_init,
 	.thread_done = redis_thread_done,

@@ -13,6 +13,11 @@ partitions. Then WAL bytes and commits per key over the steady part.
                by the row-by-row sweeper, for comparison
   old          the previous version itself (OLD_BIN: its idemproxy binary)
                on the fresh table it creates: the figure to beat
+  citus        a Citus coordinator and two workers (fsync on each), the
+               table distributed by `idemproxy migrate --distributed`:
+               size, rows, WAL and commits summed over the workers
+               ("parts" then counts the shards of the partitions), CPU
+               over the three nodes (issue 47)
 
 Environment: DURATION=180 (s), CONNS=32 (wrk -c), TTL=15s, WORKERS=1,
 PRELOAD=0: live records (a day long, 200-byte bodies) loaded before the
@@ -34,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "ha"))
 
+from support.citus import CitusCluster  # noqa: E402
 from support.procs import free_port  # noqa: E402
 from support.stores import PgServer  # noqa: E402
 from cluster import descendants, process_tree  # noqa: E402
@@ -60,7 +66,7 @@ SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0),
        count(*) FILTER (WHERE c.relkind = 'r' AND c.relispartition)
   FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
  WHERE c.relkind = 'r' AND c.relname LIKE 'idempotency\\_keys%'
-   AND c.relname <> 'idempotency_keys_parts'
+   AND c.relname NOT LIKE 'idempotency\\_keys\\_parts%'
 """
 COUNTERS = """
 SELECT (SELECT wal_bytes FROM pg_stat_wal),
@@ -97,21 +103,47 @@ def wrk(port, seconds):
     return reqs, int(non2xx.group(1)) if non2xx else 0, p99
 
 
+def summed(nodes, sql):
+    """sql's one row ("a|b|..."), each column summed over nodes."""
+    total = None
+    for n in nodes:
+        vals = [float(x or 0) for x in n.psql(
+            "SET citus.override_table_visibility = off; " + sql
+            if len(nodes) > 1 else sql, db="bench").split("|")]
+        total = vals if total is None else [a + b for a, b in zip(total, vals)]
+    return total
+
+
+def durable(node):
+    node.psql("ALTER SYSTEM SET fsync = on")
+    node.psql("ALTER SYSTEM SET full_page_writes = on")
+
+
 def run(layout):
-    pg = PgServer()
+    cluster = CitusCluster(workers=2) if layout == "citus" else None
+    pg = cluster.coordinator if cluster else PgServer()
+    data_nodes = cluster.workers if cluster else [pg]
     tmp = tempfile.mkdtemp(prefix="iret")
     procs = []
     try:
         # a benchmark pays for durability: fsync on
-        pg.psql("ALTER SYSTEM SET fsync = on")
-        pg.psql("ALTER SYSTEM SET full_page_writes = on")
+        for n in cluster.nodes if cluster else [pg]:
+            durable(n)
         if PSS:
             with open(os.path.join(pg.data, "postgresql.conf"), "a") as f:
                 f.write("shared_preload_libraries = 'pg_stat_statements'\n"
                         "pg_stat_statements.track = 'all'\n")
-        pg.stop()
-        pg.start()
-        pg.psql("CREATE DATABASE bench")
+        for n in cluster.nodes if cluster else [pg]:
+            n.stop()
+            n.start()
+        if cluster:
+            url = cluster.create_db("bench")
+            subprocess.run([BIN, "migrate", "--store", url, "--distributed",
+                            "--ttl", TTL], check=True,
+                           stdout=subprocess.DEVNULL)
+        else:
+            pg.psql("CREATE DATABASE bench")
+            url = pg.url("bench")
         if PSS:
             pg.psql("CREATE EXTENSION pg_stat_statements", db="bench")
         if layout == "legacy":
@@ -128,7 +160,7 @@ def run(layout):
             [binary, "--upstream", f"http://127.0.0.1:{stub_port}",
              "--listen", f"127.0.0.1:{port}", "--admin-listen",
              f"127.0.0.1:{free_port()}", "--workers", WORKERS,
-             "--store", pg.url("bench"), "--ttl", TTL],
+             "--store", url, "--ttl", TTL],
             stdout=log, stderr=log))
         time.sleep(2)
         if PRELOAD:
@@ -163,14 +195,15 @@ def run(layout):
         base = None
         t = 0
         while t < DURATION:
-            cpu0 = (cpu_ms([pg.postmaster_pid()]), cpu_ms([procs[1].pid]))
+            pms = [n.postmaster_pid() for n in
+                   (cluster.nodes if cluster else [pg])]
+            cpu0 = (cpu_ms(pms), cpu_ms([procs[1].pid]))
             reqs, bad, p99 = wrk(port, SLICE)
-            cpu1 = (cpu_ms([pg.postmaster_pid()]), cpu_ms([procs[1].pid]))
+            cpu1 = (cpu_ms(pms), cpu_ms([procs[1].pid]))
             t += SLICE
-            size, live, dead, parts = (int(x) for x in pg.psql(
-                SIZE, db="bench").split("|"))
-            wal, commits = (int(float(x)) for x in pg.psql(
-                COUNTERS, db="bench").split("|"))
+            size, live, dead, parts = (int(x) for x in summed(data_nodes,
+                                                              SIZE))
+            wal, commits = (int(x) for x in summed(data_nodes, COUNTERS))
             pg_us = (cpu1[0] - cpu0[0]) * 1000 / max(reqs, 1)
             px_us = (cpu1[1] - cpu0[1]) * 1000 / max(reqs, 1)
             rows.append((t, reqs / SLICE, size, live, dead, parts, wal,
@@ -224,7 +257,10 @@ def run(layout):
         for p in reversed(procs):
             p.terminate()
             p.wait()
-        pg.shutdown()
+        if cluster:
+            cluster.shutdown()
+        else:
+            pg.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from support.citus import CitusCluster
-from support.http import assert_problem
+from support.citus import CITUS_CONF, CitusCluster
+from support.http import assert_problem, http_get
 from support.procs import (IDEMPROXY_BIN, clean_env, metric_value, readyz,
                            wait_readyz)
 from support.stores import PgServer
@@ -320,9 +320,15 @@ def test_worker_killed_mid_burst(spawn_proxy, cdb, stub):
     for k in during:
         r = post(a.port, k)
         assert r.status == 200 and not replayed(r), r
-    assert readyz(a) == 200, "one worker down: ready (the other's keys work)"
+    st, body = http_get(a.admin_port, "/readyz")
+    assert st == 200, "one worker down: ready (the other's keys work)"
+    assert body.decode() == \
+        f"ready, degraded: workers down: 127.0.0.1:{victim.port}\n", body
     victim.start()
     deadline = time.monotonic() + 30
+    while http_get(a.admin_port, "/readyz")[1] != b"ready\n":
+        assert time.monotonic() < deadline, "still degraded"
+        time.sleep(0.1)
     for k in order:
         while True:
             r = post((a, b)[hash(k) % 2].port, k, "/orders?delay_ms=100")
@@ -569,4 +575,65 @@ def test_worker_standby_promoted(spawn_proxy, stub):
     finally:
         if standby is not None:
             standby.shutdown()
+        cl.shutdown()
+
+
+def test_worker_added_and_heard(make_proxy, stub):
+    """A worker added while an instance runs (citus_add_node, a shard
+    moved to it): the instance routes that shard's keys there, and its
+    response cache hears the purges made there, like every other node's."""
+    cl = CitusCluster(workers=1)
+    new = None
+    try:
+        url = cl.create_db("add")
+        assert migrate(url, "--distributed").returncode == 0
+        db = CitusDb(cl, "add", url)
+        p = start(make_proxy, db, "--response-cache", "4MiB", workers=2)
+        new = PgServer(extra_conf=CITUS_CONF)
+        new.psql("create database add")
+        new.psql("create extension citus", db="add")
+        cl.coordinator.psql(f"select citus_add_node('127.0.0.1', {new.port})",
+                            db="add")
+        # idempotency_keys_parts, a reference table, goes to every node
+        db.psql("select replicate_reference_tables('block_writes')")
+        k0 = newkey("add")
+        shard = int(db.psql("select get_shard_id_for_distribution_column("
+                            f"'idempotency_keys', '{k0}')"))
+        db.psql(f"select citus_move_shard_placement({shard}, '127.0.0.1', "
+                f"{cl.workers[0].port}, '127.0.0.1', {new.port}, "
+                "shard_transfer_mode := 'block_writes')", timeout=60)
+        assert db.worker_of(k0) == new.port
+        deadline = time.monotonic() + 15
+        while f"worker 127.0.0.1:{new.port}" not in p.log():
+            assert time.monotonic() < deadline, p.log()
+            time.sleep(0.1)
+        # the new node's listeners (the cache serves again once they are up)
+        while int(new.psql("select count(*) from pg_stat_activity where "
+                           "query like '%AS idemproxy_listener'")) < 1:
+            assert time.monotonic() < deadline, "no listener on the new node"
+            time.sleep(0.1)
+        while True:
+            r = post(p.port, k0)
+            if r.status == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert r.status == 200 and not replayed(r), r
+        first = r.body
+        hits = metric_value(p.metrics(),
+                            "idemproxy_response_cache_hits_total") or 0
+        for _ in range(3):
+            r = post(p.port, k0)
+            assert replayed(r) and r.body == first
+        assert (metric_value(p.metrics(),
+                             "idemproxy_response_cache_hits_total") or 0) > hits
+        rc, _, err = run_keys("delete", k0, "--store", url)
+        assert rc == 0, err
+        time.sleep(0.5)
+        r = post(p.port, k0)
+        assert r.status == 200 and not replayed(r), \
+            "the purge on the new worker was not heard"
+        assert stub.stats()["keys"] == {k0: 2}
+    finally:
+        if new is not None:
+            new.shutdown()
         cl.shutdown()
