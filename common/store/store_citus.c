@@ -5,7 +5,8 @@
  *   slots[0]      the coordinator's store (store_pg_new): the schema, the
  *                 partitions, and every key while the table is not
  *                 distributed or the map is not known yet
- *   slots[1..]    one store per primary the map names
+ *   slots[1..]    one store per worker group the map names (its primary
+ *                 and secondaries, as a list of hosts)
  *                 (store_pg_new_worker); made by the map, never removed
  *   map           the coordinator's last answer (store_citus_map.h),
  *                 asked again every CITUS_MAP_EVERY_MS by a thread of its
