@@ -299,6 +299,7 @@ static void *map_main(void *arg)
 {
 	struct citus_store *cs = arg;
 	bool failing = false;
+	PGconn *pg = NULL;		/* to the coordinator, kept */
 
 	for (;;) {
 		struct pollfd p = { .fd = cs->stop[0], .events = POLLIN };
@@ -314,7 +315,8 @@ static void *map_main(void *arg)
 
 		if (r > 0 || (r < 0 && errno != EINTR))
 			break;		/* citus_free */
-		m = citus_map_fetch(cs->conninfo, cs->stop[0], err, sizeof(err));
+		m = citus_map_fetch_on(&pg, cs->conninfo, cs->stop[0], err,
+				       sizeof(err));
 		if (m == NULL) {
 			if (!failing)
 				log_warn("citus store: cannot ask the coordinator "
@@ -335,6 +337,7 @@ static void *map_main(void *arg)
 		}
 		log_health(cs);
 	}
+	PQfinish(pg);
 	return NULL;
 }
 

@@ -193,15 +193,19 @@ static struct citus_map *map_flat(bool citus, char *err, size_t errlen)
 	return m;
 }
 
-struct citus_map *citus_map_fetch(const char *conninfo, int stop_fd, char *err,
-				  size_t errlen)
+struct citus_map *citus_map_fetch_on(PGconn **conn, const char *conninfo,
+				     int stop_fd, char *err, size_t errlen)
 {
 	uint64_t deadline = clock_ms() + CITUS_MAP_TIMEOUT_MS;
-	PGconn *pg = connect_by(conninfo, stop_fd, deadline, err, errlen);
 	struct citus_map *m = NULL;
+	PGconn *pg;
 	PGresult *r;
 
-	if (pg == NULL)
+	if (*conn == NULL || PQstatus(*conn) != CONNECTION_OK) {
+		PQfinish(*conn);
+		*conn = connect_by(conninfo, stop_fd, deadline, err, errlen);
+	}
+	if ((pg = *conn) == NULL)
 		return NULL;
 	r = query_by(pg, "SELECT to_regclass('pg_catalog.pg_dist_partition') "
 		     "IS NOT NULL, to_regclass('idempotency_keys') IS NOT NULL",
@@ -225,7 +229,21 @@ struct citus_map *citus_map_fetch(const char *conninfo, int stop_fd, char *err,
 				m = map_from(r, err, errlen);
 		}
 	}
+	if (r == NULL) {	/* no answer, or none in time: of no more use */
+		PQfinish(pg);
+		*conn = NULL;
+	}
 	PQclear(r);
+	return m;
+}
+
+struct citus_map *citus_map_fetch(const char *conninfo, int stop_fd, char *err,
+				  size_t errlen)
+{
+	PGconn *pg = NULL;
+	struct citus_map *m = citus_map_fetch_on(&pg, conninfo, stop_fd, err,
+						 errlen);
+
 	PQfinish(pg);
 	return m;
 }

@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <libpq-fe.h>
+
 #include "compiler.h"
 
 #define CITUS_MAP_TIMEOUT_MS 5000
@@ -47,6 +49,13 @@ struct citus_map {
  * cuts every wait short (shutdown). */
 struct citus_map *citus_map_fetch(const char *conninfo, int stop_fd,
 				  char *err, size_t errlen);
+
+/* The same on *conn, a connection kept from one call to the next (NULL:
+ * none yet; made when needed, closed and NULL again when it failed), so
+ * that asking every few seconds costs the coordinator no new backend. */
+struct citus_map *citus_map_fetch_on(PGconn **conn,
+				     const char *conninfo, int stop_fd,
+				     char *err, size_t errlen);
 struct citus_map *citus_map_ref(struct citus_map *m);
 void citus_map_unref(struct citus_map *m);
 
