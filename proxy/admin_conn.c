@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <event2/buffer.h>
@@ -285,27 +286,49 @@ static int held_by(const struct admin_conns *ac, const struct aconn_addr *addr,
 	return n;
 }
 
+/* Whether c has sent anything: bytes evhttp has read but not yet as a
+ * whole request, or bytes still in the socket (a probe whose request has
+ * arrived but was not read on this turn of the loop). */
+static bool has_sent(const struct aconn *c)
+{
+	evutil_socket_t fd = bufferevent_getfd(c->bev);
+	int pending = 0;
+
+	if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
+		return true;
+	return fd >= 0 && ioctl(fd, FIONREAD, &pending) == 0 && pending > 0;
+}
+
 /*
- * The place of the reserve that newcomer may take when it is full: the
- * oldest one not being answered, of the address that holds the most
- * places - if that address holds at least as many as the newcomer's (a
- * client that holds more may not push out another's probe). NULL: none.
+ * The place of the reserve that newcomer may take when it is full: one
+ * not being answered, of the address that holds the most places - the
+ * oldest that has sent nothing, else the oldest - if that address holds
+ * at least as many as the newcomer's (a client that holds more may not
+ * push out another's probe). NULL: none. Preferring the silent ones keeps
+ * a probe whose request has arrived from being pushed out by a burst of
+ * connections accepted on the same turn.
  */
 static struct aconn *pick_victim(const struct admin_conns *ac,
 				 const struct aconn *newcomer)
 {
 	struct aconn *best = NULL;
 	int best_n = -1;
+	bool best_silent = false;
 
 	for (struct aconn *c = ac->conns; c != NULL; c = c->next) {
+		bool silent;
 		int n;
 
 		if (c->state != ACONN_PROBE || c->busy)
 			continue;
 		n = held_by(ac, &c->addr, false);
-		if (n > best_n) {
+		if (n < best_n)
+			continue;
+		silent = !has_sent(c);
+		if (n > best_n || (silent && !best_silent)) {
 			best = c;
 			best_n = n;
+			best_silent = silent;
 		}
 	}
 	return best_n >= held_by(ac, &newcomer->addr, false) ? best : NULL;

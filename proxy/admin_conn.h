@@ -14,9 +14,10 @@
  *     places, where it may ask what orchestrators and scrapers poll
  *     (admin.c decides which paths), is closed after its answer and must
  *     send its request within ADMIN_PROBE_MS. When the reserve is full, a
- *     newcomer takes the place of the oldest one whose request is not
- *     being answered, from the address that holds the most connections,
- *     unless the newcomer's own address holds more; then it is closed.
+ *     newcomer takes the place of one whose request is not being
+ *     answered, from the address that holds the most connections (the
+ *     oldest that has sent nothing, else the oldest), unless the
+ *     newcomer's own address holds more; then it is closed.
  *
  * So the listener never stops accepting for want of room: whatever one
  * client holds, a probe that connects and asks at once is answered. Only

@@ -2,6 +2,7 @@
 keep-alive connections, --max-connections; and the admin listener's."""
 import os
 import resource
+import select
 import signal
 import socket
 import time
@@ -268,17 +269,61 @@ def admin_answer(port, path, timeout=3.0):
     return time.monotonic() - t0, head.split(b"\r\n\r\n")[0]
 
 
-def hold_idle(port, n):
-    """n connections to port that never send a byte (non-blocking
-    connects: the kernel completes them whether or not they are
-    accepted)."""
+def listen_backlog(port):
+    """(connections waiting in port's accept queue, handshakes half done
+    towards it) from /proc/net/tcp and tcp6: both 0 once the listener has
+    accepted every connection whose SYN reached it."""
+    queued = half = 0
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(name) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) != port:
+                    continue
+                if fields[3] == "0A":                  # LISTEN
+                    queued += int(fields[4].split(":")[1], 16)
+                elif fields[3] == "03":                # SYN_RECV
+                    half += 1
+    return queued, half
+
+
+def settle(port, socks, timeout=10.0):
+    """Until every one of socks has finished its handshake (is writable or
+    failed) and the listener on port has accepted them all: a connection
+    still retrying its SYN would otherwise arrive, seconds later, in the
+    middle of what a test does next."""
+    poller = select.poll()
+    for s in socks:
+        poller.register(s, select.POLLOUT)
+    deadline = time.monotonic() + timeout
+    while True:
+        done = len(poller.poll(0))
+        queued, half = listen_backlog(port)
+        if done == len(socks) and queued == 0 and half == 0:
+            return
+        assert time.monotonic() < deadline, \
+            f"{done} of {len(socks)} connected, {queued} queued, {half} " \
+            f"half open after {timeout} s"
+        time.sleep(0.01)
+
+
+def hold_idle(port, n, batch=50):
+    """n connections to port that never send a byte, opened batch at a
+    time (non-blocking connects, each batch settled before the next: the
+    listener's accept queue of 128 never overflows, so none arrives
+    late)."""
     held = []
     try:
-        for _ in range(n):
-            s = socket.socket()
-            held.append(s)
-            s.setblocking(False)
-            s.connect_ex(("127.0.0.1", port))
+        for first in range(0, n, batch):
+            some = []
+            for _ in range(min(batch, n - first)):
+                s = socket.socket()
+                held.append(s)
+                some.append(s)
+                s.setblocking(False)
+                s.connect_ex(("127.0.0.1", port))
+            settle(port, some)
     except BaseException:
         for s in held:
             s.close()
@@ -326,6 +371,45 @@ def test_admin_probes_answered_whatever_one_client_holds(make_proxy):
         assert time.monotonic() < deadline, head
         time.sleep(0.1)
     assert "answered for probes only" in p.log()
+
+
+def test_admin_probe_kept_through_a_burst_of_its_own_address(make_proxy):
+    """A probe whose request has arrived keeps its place in the reserve
+    while connections of its own address accepted on the same turn of the
+    loop take the others: the ones that have sent nothing are closed first.
+    The proxy is stopped while the probe and 40 silent connections queue
+    up behind the 48 places one address may hold, so all 41 are accepted
+    in one burst (before: the probe was closed unanswered by the 17th)."""
+    p = make_proxy()
+    wait_readyz(p)
+    held = hold_idle(p.admin_port, 32 + 16)
+    burst = []
+    probe = None
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        probe = socket.create_connection(("127.0.0.1", p.admin_port), 3.0)
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        for _ in range(40):
+            s = socket.socket()
+            burst.append(s)
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", p.admin_port))
+        deadline = time.monotonic() + 5
+        while listen_backlog(p.admin_port) != (41, 0):
+            assert time.monotonic() < deadline, listen_backlog(p.admin_port)
+            time.sleep(0.01)
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+    try:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = probe.recv(4096)
+            assert chunk, f"the probe was closed unanswered ({head!r})"
+            head += chunk
+        assert head.startswith(b"HTTP/1.1 200"), head
+    finally:
+        for s in held + burst + [probe]:
+            s.close()
 
 
 def has_ipv6_loopback():
