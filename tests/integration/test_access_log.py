@@ -140,9 +140,12 @@ def check_line(d, r, *, method, path, outcome, stub, key=None, route=None,
         # checked at the end of the test (the other members first)
         deferred.append(f"store_s {'missing' if store else 'set'}: {where}")
     assert d["duration_s"] is not None, where
-    for part in ("claim_s", "wait_s", "upstream_s", "store_s"):
+    for part in ("claim_s", "wait_s", "upstream_s"):
         assert d[part] is None or 0 <= d[part] <= d["duration_s"] + 1e-6, \
             (part, where)
+    # the outcome is written while the response is queued, where duration_s
+    # ends (docs/operations.md): store_s is not a part of it
+    assert d["store_s"] is None or 0 <= d["store_s"] < 10, where
     assert d["duration_s"] < 10, where
     # the response's head and body, exactly as received
     assert d["bytes_out"] == r.got, (r.got, where)
